@@ -1,0 +1,28 @@
+# Every target creates .venv on first use, so a fresh machine needs nothing installed by hand.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.feedline-installed
+BENCH_DATA ?= data/images
+BENCH_COUNT ?= 2000
+
+.PHONY: setup bench test clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+bench: setup
+	test -f $(BENCH_DATA)/.feedline-data || $(VENV)/bin/feedline make-data images --out $(BENCH_DATA) --count $(BENCH_COUNT) --classes 10 --seed 0
+	$(VENV)/bin/feedline bench --pipeline image-train --data $(BENCH_DATA) --baseline torchvision --json bench-image-train.json
+
+test: setup
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) data bench-*.json

@@ -1,0 +1,29 @@
+"""Is there a GPU this process can use? Every answer here is safe to ask on a machine without CUDA."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_available() -> bool:
+    try:
+        return bool(torch.cuda.is_available()) and torch.cuda.device_count() > 0
+    except Exception:  # a broken driver is the same as no GPU for placement purposes
+        return False
+
+
+def parse_device(device: str | torch.device | None) -> torch.device:
+    """The torch device batches are delivered on; ``None`` means the CPU."""
+    if device is None:
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or a CUDA device, got {device!r}")
+    if dev.type == "cuda" and not gpu_available():
+        raise ValueError(f"device={device!r} was requested but this machine has no usable CUDA GPU")
+    return dev
