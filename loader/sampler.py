@@ -32,6 +32,7 @@ class LastBatch(enum.Enum):
 class BatchPlan:
     indices: np.ndarray  # int64 dataset indices, in delivery order
     valid: np.ndarray    # bool, False for padding
+    epoch: int = 0       # keys per-sample augmentation randomness together with the index
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -94,7 +95,7 @@ class EpochSampler:
 
     def epoch(self, epoch: int, start_batch: int = 0) -> list[BatchPlan]:
         shard, valid = self._shard(epoch)
-        return [BatchPlan(shard[i:i + self.batch_size], valid[i:i + self.batch_size])
+        return [BatchPlan(shard[i:i + self.batch_size], valid[i:i + self.batch_size], epoch)
                 for i in range(start_batch * self.batch_size, shard.size, self.batch_size)]
 
 

@@ -1,0 +1,1 @@
+"""Declarative pipeline definitions: ordered stages with named outputs, placed only when run."""

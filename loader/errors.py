@@ -1,0 +1,16 @@
+"""Errors that name the data at fault. Every bad-input error a user sees is one of these (or a plain
+ValueError/TypeError for a bad argument), never a stack trace from inside DALI."""
+from __future__ import annotations
+
+
+class DataError(ValueError):
+    """A sample that cannot be read: ``where`` is the file, or ``file:line``; ``reason`` says what was wrong."""
+
+    def __init__(self, where: str, reason: str):
+        super().__init__(f"{where}: {reason}")
+        self.where = where
+        self.reason = reason
+
+
+class PlacementError(ValueError):
+    """A placement that this machine or this pipeline cannot run."""

@@ -1,0 +1,33 @@
+"""Turning a placement request into a cut: ``"cpu"``, ``"gpu"``, ``"auto"`` or a per-stage mapping."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..pipelines.spec import PipelineSpec
+from .errors import PlacementError
+
+NAMED = ("cpu", "gpu", "auto")
+
+
+def resolve(spec: PipelineSpec, placement: str | Mapping, gpu_available: bool) -> int:
+    """The cut for ``placement``. ``"auto"`` here is the static rule (the earliest GPU cut where a GPU exists,
+    else the CPU); the Loader hands ``"auto"`` to the scheduler where one is wired in."""
+    if isinstance(placement, Mapping):
+        cut = spec.cut_from_mapping(placement)
+        if cut < spec.all_cpu and not gpu_available:
+            raise PlacementError(f"placement {dict(placement)} puts {[s.name for s in spec.stages[cut:]]} on the GPU, "
+                                 f"but this machine has no usable CUDA GPU; use placement='cpu' or 'auto'")
+        return cut
+    if not isinstance(placement, str):
+        raise TypeError(f"placement must be one of {NAMED} or a mapping of stage name to 'cpu'/'gpu', "
+                        f"got {type(placement).__name__}")
+    if placement == "cpu":
+        return spec.all_cpu
+    if placement == "gpu":
+        if not gpu_available:
+            raise PlacementError("placement='gpu' needs a CUDA GPU, and this machine has none usable "
+                                 "(torch.cuda.is_available() is False); use placement='cpu' or 'auto'")
+        return min(spec.valid_cuts())
+    if placement == "auto":
+        return min(spec.valid_cuts()) if gpu_available else spec.all_cpu
+    raise ValueError(f"placement must be one of {NAMED} or a mapping of stage name to 'cpu'/'gpu', got {placement!r}")
