@@ -3,19 +3,25 @@ augmentation, torch tensors out. The DALI pipeline is built once and fed batch b
 restart it and the order, sharding and resumption stay with the Loader."""
 from __future__ import annotations
 
+import re
 from collections import deque
 from typing import Iterator
 
 import numpy as np
 import torch
+from PIL import Image
 
 from ..pipelines import geometry
 from ..pipelines.counter_rng import uniform
 from ..pipelines.image_files import ImageFiles
 from ..pipelines.spec import PipelineSpec
 from . import dali_graph
+from .errors import DataError
 from .image_headers import DEFAULT_MAX_PIXELS, displayed_size, read_bytes
 from .sampler import BatchPlan
+
+
+_FAILED_SAMPLE = re.compile(r"Failed to decode sample #(\d+)")
 
 
 class ImageRunner:
@@ -99,6 +105,8 @@ class ImageRunner:
                 except StopIteration:
                     finished = True
                     return
+                except RuntimeError as exc:
+                    raise self._decode_failure(self._pending[0], exc) from None
                 plan = self._pending.popleft()
                 batch = {"image": self._to_torch(images), "label": torch.from_numpy(self.files.labels[plan.indices]),
                          "index": torch.from_numpy(plan.indices.copy())}
@@ -107,13 +115,36 @@ class ImageRunner:
                 pipe.schedule_run()
                 yield batch
         finally:
-            if finished:
+            if self._pipe is None:
+                pass  # the failed pipeline was discarded; the next call builds a fresh one
+            elif finished:
                 pipe.reset()
                 self._fresh = True
             else:
                 while self._pending:
                     self._pending.popleft()
                     pipe.outputs()
+
+    def _decode_failure(self, plan: BatchPlan, exc: RuntimeError) -> DataError:
+        """DALI invalidates a pipeline that fails to decode; name the file at fault and start afresh."""
+        self._pipe, self._fresh = None, True
+        self._pending.clear()
+        paths = [self.files.paths[i] for i in plan.indices]
+        match = _FAILED_SAMPLE.search(str(exc))
+        if match and int(match.group(1)) < len(paths):
+            suspects = [paths[int(match.group(1))]]
+        else:
+            suspects = paths
+        for path in suspects:
+            try:
+                with Image.open(path) as im:
+                    im.load()
+            except Exception as err:
+                return DataError(path, f"image data is corrupt or truncated and cannot be decoded ({err})")
+        if len(suspects) == 1:
+            return DataError(suspects[0], "image data is corrupt and cannot be decoded")
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        return DataError(f"batch of {len(paths)} files from {paths[0]}", f"DALI failed: {first}")
 
     def _to_torch(self, images) -> torch.Tensor:
         from nvidia.dali.plugin.pytorch import feed_ndarray

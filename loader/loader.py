@@ -115,7 +115,11 @@ class Loader:
             self._stream = self._runner.batches(self._plans(self._epoch, self._position))
         epoch = self._epoch
         while self._epoch == epoch and self._position < len(self):
-            batch = next(self._stream)
+            try:
+                batch = next(self._stream)
+            except BaseException:
+                self._close_stream()
+                raise
             self._position += 1
             self._stream_at = (self._epoch, self._position) if self._position < len(self) else (self._epoch + 1, 0)
             yield batch

@@ -1,0 +1,71 @@
+"""What every tabular reader shares: its errors, the columns it returns, and opening the right reader.
+
+A reader validates every row when it is opened, so ``num_rows`` counts good rows only: with
+``OnError.RAISE`` the first bad row raises :class:`RowError` naming file and 1-based line (Parquet: row), with
+``OnError.SKIP`` bad rows are left out of the numbering and listed in ``skipped``. Reading rows later never
+fails on their content, so every good row is delivered exactly once whatever the order or sharding.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from ..pipelines.tabular import FileFormat, TabularFiles
+from .errors import DataError
+
+
+class RowError(DataError):
+    """A bad row (or file): ``file`` and ``line`` (1-based; for Parquet the row; None for a whole file)."""
+
+    def __init__(self, file: str, line: int | None, reason: str):
+        super().__init__(file if line is None else f"{file}:{line}", reason)
+        self.file = file
+        self.line = line
+
+
+class MissingFileError(RowError, FileNotFoundError):
+    def __init__(self, file: str):
+        super().__init__(file, None, "file does not exist")
+
+
+class SkippedRow(NamedTuple):
+    file: str
+    line: int | None
+    reason: str
+
+
+class ScalarColumn(NamedTuple):
+    values: np.ndarray   # int64 or float64, one per row; meaningless where missing
+    missing: np.ndarray  # bool
+
+
+class ListColumn(NamedTuple):
+    offsets: np.ndarray  # int64 [rows + 1]
+    values: np.ndarray   # int64; a missing list is empty
+
+
+class TabularReader(Protocol):
+    num_rows: int
+    skipped: list[SkippedRow]
+
+    def read(self, rows: np.ndarray) -> dict[str, ScalarColumn | ListColumn]:
+        """The given rows (0-based over all files, any order, repeats allowed), every declared column."""
+        ...
+
+
+def open_reader(files: TabularFiles) -> TabularReader:
+    if files.format is FileFormat.TSV:
+        from .tsv_source import TsvSource
+        return TsvSource(files)
+    from .parquet_source import ParquetSource
+    return ParquetSource(files)
+
+
+def check_rows(rows: np.ndarray, num_rows: int) -> np.ndarray:
+    rows = np.asarray(rows)
+    if rows.dtype.kind not in "iu" or rows.ndim != 1:
+        raise TypeError(f"rows must be a 1-D integer array, got {rows.dtype} with shape {rows.shape}")
+    if rows.size and (rows.min() < 0 or rows.max() >= num_rows):
+        raise IndexError(f"rows must lie in [0, {num_rows}), got values in [{rows.min()}, {rows.max()}]")
+    return rows.astype(np.int64, copy=False)
