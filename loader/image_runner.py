@@ -1,10 +1,14 @@
-"""Runs an image pipeline on DALI for one placement: host-side reading and geometry, DALI for decoding and
-augmentation, torch tensors out. The DALI pipeline is built once and fed batch by batch, so epochs never
-restart it and the order, sharding and resumption stay with the Loader."""
+"""Runs an image pipeline for one placement: host-side reading and geometry, DALI decoding, the rest in
+DALI on the GPU or as torch ops on the CPU (see ``dali_graph.engines``), torch tensors out.
+
+The DALI pipeline is built once and fed batch by batch through one external source, so epochs never restart
+it and the order, sharding and resumption stay with the Loader.
+"""
 from __future__ import annotations
 
 import re
 from collections import deque
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -13,22 +17,32 @@ from PIL import Image
 
 from ..pipelines import geometry
 from ..pipelines.counter_rng import uniform
+from ..pipelines.image import ImageOutput
 from ..pipelines.image_files import ImageFiles
 from ..pipelines.spec import PipelineSpec
 from . import dali_graph
 from .errors import DataError
 from .image_headers import DEFAULT_MAX_PIXELS, displayed_size, read_bytes
+from .image_torch_ops import Finish, one_thread, resize
 from .sampler import BatchPlan
 
-
 _FAILED_SAMPLE = re.compile(r"Failed to decode sample #(\d+)")
+
+
+@dataclass
+class HostBatch:
+    """What the host computed for one batch: DALI's inputs and the geometry the torch stages need."""
+
+    plan: BatchPlan
+    feeds: dict[str, object]
+    flip: np.ndarray            # bool per sample
+    resize_to: np.ndarray       # int32 [n, 2] (w, h) that each decoded image is resized to
+    crop_at: np.ndarray | None  # int32 [n, 2] (x, y) of the output window in the resized image (val)
 
 
 class ImageRunner:
     def __init__(self, spec: PipelineSpec, cut: int, device: torch.device, *, batch_size: int, seed: int,
                  num_threads: int, prefetch: int, max_pixels: int = DEFAULT_MAX_PIXELS):
-        if spec.name not in dali_graph.INPUTS:
-            raise ValueError(f"ImageRunner runs image pipelines, not {spec.name!r}")
         self.spec = spec
         self.files: ImageFiles = spec.source
         self.num_samples = len(self.files)
@@ -40,10 +54,17 @@ class ImageRunner:
         self.prefetch = prefetch
         self.max_pixels = max_pixels
         self.params = {s.name: s.params for s in spec.stages}
+        self.engines = dali_graph.engines(spec, cut)
+        self.inputs = dali_graph.inputs(spec, cut)
+        norm = self.params["normalize"]
+        self.size = norm["crop"] if "crop" in norm else self.params["resize"]["size"]
+        self.finish = Finish(norm["output"], norm["mean"], norm["std"])
+        self.staging = Finish(ImageOutput.UINT8_NHWC, norm["mean"], norm["std"])
+        self._sizes = np.full((self.num_samples, 2), -1, dtype=np.int64)  # header sizes, read once
         self._pipe = None
         self._fresh = True
         self._plans: Iterator[BatchPlan] = iter(())
-        self._pending: deque[BatchPlan] = deque()
+        self._pending: deque[HostBatch] = deque()
 
     @property
     def on_gpu(self) -> bool:
@@ -62,33 +83,37 @@ class ImageRunner:
             self._pipe = pipe
         return self._pipe
 
-    def host_inputs(self, plan: BatchPlan) -> dict[str, object]:
-        """Everything DALI is fed for one batch: encoded bytes and per-sample geometry."""
+    def host_batch(self, plan: BatchPlan) -> HostBatch:
         paths = [self.files.paths[i] for i in plan.indices]
         encoded = [read_bytes(p) for p in paths]
-        sizes = np.array([displayed_size(buf, p, self.max_pixels) for buf, p in zip(encoded, paths)],
-                         dtype=np.int64).reshape(-1, 2)
+        sizes = self._sizes[plan.indices]
+        for k in np.flatnonzero(sizes[:, 0] < 0):
+            sizes[k] = self._sizes[plan.indices[k]] = displayed_size(encoded[k], paths[k], self.max_pixels)
         width, height = sizes[:, 0], sizes[:, 1]
         if self.spec.name == "image-train":
             p = self.params["crop_window"]
             u = uniform(self.seed, plan.epoch, plan.indices, 2 * geometry.ATTEMPTS + 3)
             window = geometry.random_resized_crop(width, height, u[:, :-1], p["scale"], p["ratio"])
-            flip = (u[:, -1] < p["flip_prob"]).astype(np.int32)
-            return {"encoded": encoded, "anchor": window[:, :2].copy(), "shape": window[:, 2:].copy(), "flip": flip}
+            flip = u[:, -1] < p["flip_prob"]
+            feeds = {"encoded": encoded, "anchor": window[:, :2].copy(), "shape": window[:, 2:].copy(),
+                     "flip": flip.astype(np.int32)}
+            resize_to = np.tile(np.asarray(self.size, dtype=np.int32), (len(paths), 1))
+            return HostBatch(plan, feeds, flip, resize_to, None)
         p = self.params["geometry"]
-        resized = geometry.resize_shorter(width, height, p["resize_size"])
-        anchor = geometry.centre_crop_anchor(resized[:, 0], resized[:, 1], p["size"])
-        return {"encoded": encoded, "resize_w": resized[:, 0].astype(np.float32),
-                "resize_h": resized[:, 1].astype(np.float32), "crop_anchor": anchor}
+        resize_to = geometry.resize_shorter(width, height, p["resize_size"])
+        crop_at = geometry.centre_crop_anchor(resize_to[:, 0], resize_to[:, 1], p["size"])
+        feeds = {"encoded": encoded, "resize_w": resize_to[:, 0].astype(np.float32),
+                 "resize_h": resize_to[:, 1].astype(np.float32), "crop_anchor": crop_at}
+        return HostBatch(plan, feeds, np.zeros(len(paths), dtype=bool), resize_to, crop_at)
 
     def _next_inputs(self) -> tuple:
         """DALI's external source: feeds the next plan's inputs, or ends the stream."""
         plan = next(self._plans, None)
         if plan is None:
             raise StopIteration
-        inputs = self.host_inputs(plan)
-        self._pending.append(plan)
-        return tuple(inputs[name] for name in dali_graph.INPUTS[self.spec.name])
+        host = self.host_batch(plan)
+        self._pending.append(host)
+        return tuple(host.feeds[name] for name in self.inputs)
 
     def batches(self, plans: Iterator[BatchPlan]) -> Iterator[dict[str, torch.Tensor]]:
         pipe = self._pipeline()
@@ -106,9 +131,10 @@ class ImageRunner:
                     finished = True
                     return
                 except RuntimeError as exc:
-                    raise self._decode_failure(self._pending[0], exc) from None
-                plan = self._pending.popleft()
-                batch = {"image": self._to_torch(images), "label": torch.from_numpy(self.files.labels[plan.indices]),
+                    raise self._decode_failure(self._pending[0].plan, exc) from None
+                host = self._pending.popleft()
+                plan = host.plan
+                batch = {"image": self._images(images, host), "label": torch.from_numpy(self.files.labels[plan.indices]),
                          "index": torch.from_numpy(plan.indices.copy())}
                 if not plan.valid.all():
                     batch["valid"] = torch.from_numpy(plan.valid.copy())
@@ -125,16 +151,42 @@ class ImageRunner:
                     self._pending.popleft()
                     pipe.outputs()
 
+    def _images(self, images, host: HostBatch) -> torch.Tensor:
+        if self.engines["resize"] == "dali:gpu":
+            return self._from_dali_gpu(images)
+        height, width = self.size[1], self.size[0]
+        tail_on_gpu = self.engines["normalize"] == "torch:cuda"
+        stage = self.staging if tail_on_gpu else self.finish
+        out = stage.allocate(len(images), height, width, pin=self.device.type == "cuda")
+        with one_thread():
+            for i in range(len(images)):
+                hwc = torch.from_numpy(np.asarray(images[i]))
+                new_w, new_h = host.resize_to[i]
+                chw = resize(hwc, int(new_h), int(new_w))
+                if host.crop_at is not None:
+                    x, y = host.crop_at[i]
+                    chw = chw[:, y:y + height, x:x + width]
+                stage.into(out, i, chw, flip=bool(host.flip[i]) and not tail_on_gpu)
+        if tail_on_gpu:
+            return self.finish.batch(out.to(self.device, non_blocking=True), torch.from_numpy(host.flip))
+        return out.to(self.device, non_blocking=True) if self.device.type == "cuda" else out
+
+    def _from_dali_gpu(self, images) -> torch.Tensor:
+        from nvidia.dali.plugin.pytorch import feed_ndarray
+
+        tensor = images.as_tensor()
+        dtype = torch.uint8 if self.finish.output is ImageOutput.UINT8_NHWC else torch.float32
+        out = torch.empty(tuple(tensor.shape()), dtype=dtype, device=self.device)
+        feed_ndarray(tensor, out, cuda_stream=torch.cuda.current_stream(self.device))
+        return out
+
     def _decode_failure(self, plan: BatchPlan, exc: RuntimeError) -> DataError:
         """DALI invalidates a pipeline that fails to decode; name the file at fault and start afresh."""
         self._pipe, self._fresh = None, True
         self._pending.clear()
         paths = [self.files.paths[i] for i in plan.indices]
         match = _FAILED_SAMPLE.search(str(exc))
-        if match and int(match.group(1)) < len(paths):
-            suspects = [paths[int(match.group(1))]]
-        else:
-            suspects = paths
+        suspects = [paths[int(match.group(1))]] if match and int(match.group(1)) < len(paths) else paths
         for path in suspects:
             try:
                 with Image.open(path) as im:
@@ -143,22 +195,8 @@ class ImageRunner:
                 return DataError(path, f"image data is corrupt or truncated and cannot be decoded ({err})")
         if len(suspects) == 1:
             return DataError(suspects[0], "image data is corrupt and cannot be decoded")
-        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        return DataError(f"batch of {len(paths)} files from {paths[0]}", f"DALI failed: {first}")
-
-    def _to_torch(self, images) -> torch.Tensor:
-        from nvidia.dali.plugin.pytorch import feed_ndarray
-
-        tensor = images.as_tensor()
-        dtype = torch.uint8 if str(tensor.dtype).endswith("UINT8") else torch.float32
-        shape = tuple(tensor.shape())
-        if self.on_gpu:
-            out = torch.empty(shape, dtype=dtype, device=self.device)
-            feed_ndarray(tensor, out, cuda_stream=torch.cuda.current_stream(self.device))
-            return out
-        out = torch.empty(shape, dtype=dtype, pin_memory=self.device.type == "cuda")
-        feed_ndarray(tensor, out)
-        return out.to(self.device, non_blocking=True) if self.device.type == "cuda" else out
+        last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        return DataError(f"batch of {len(paths)} files from {paths[0]}", f"DALI failed: {last}")
 
     def close(self) -> None:
         self._pipe = None

@@ -54,14 +54,14 @@ def test_train_decodes_exactly_the_planned_window(image_dir):
     spec = image.train(image_dir, size=160, output="uint8")
     runner = ImageRunner(spec, spec.all_cpu, torch.device("cpu"), batch_size=10, seed=5, num_threads=2, prefetch=2)
     plan = BatchPlan(np.arange(10, dtype=np.int64), np.ones(10, bool), epoch=1)
-    inputs = runner.host_inputs(plan)
+    host = runner.host_batch(plan)
     batch = next(runner.batches(iter([plan])))
-    assert 0 < inputs["flip"].sum() < 10  # both branches exercised with this seed
+    assert 0 < host.flip.sum() < 10  # both branches exercised with this seed
     for k in range(10):
-        (x, y), (w, h) = inputs["anchor"][k], inputs["shape"][k]
+        (x, y), (w, h) = host.feeds["anchor"][k], host.feeds["shape"][k]
         expected = np.asarray(F.resized_crop(reference_pixels(spec.source.paths[k]), int(y), int(x), int(h), int(w),
                                              [160, 160], antialias=True))
-        if inputs["flip"][k]:
+        if host.flip[k]:
             expected = expected[:, ::-1]
         assert_close_uint8(batch["image"][k].numpy(), expected)
 
@@ -115,3 +115,22 @@ def test_grayscale_and_png_decode_to_rgb(tmp_path):
     for k, i in enumerate(batch["index"].tolist()):
         expected = np.asarray(v2.CenterCrop(224)(v2.Resize(256, antialias=True)(reference_pixels(spec.source.paths[i]))))
         assert_close_uint8(batch["image"][k].numpy(), expected)
+
+
+@pytest.mark.parametrize("output", list(image.ImageOutput))
+def test_batch_tail_equals_per_sample_tail(output):
+    """The normalize stage placed after a CPU resize on the GPU (``Finish.batch``) computes what the per-sample
+    CPU tail computes; run here on the CPU, on a GPU by the same code with another device."""
+    from feedline.loader.image_torch_ops import Finish
+
+    finish = Finish(output, image.IMAGENET_MEAN, image.IMAGENET_STD)
+    staging = Finish(image.ImageOutput.UINT8_NHWC, image.IMAGENET_MEAN, image.IMAGENET_STD)
+    gen = torch.Generator().manual_seed(0)
+    samples = torch.randint(0, 256, (5, 3, 16, 12), dtype=torch.uint8, generator=gen)
+    flip = torch.tensor([True, False, True, False, False])
+    per_sample = finish.allocate(5, 16, 12)
+    raw = staging.allocate(5, 16, 12)
+    for i in range(5):
+        finish.into(per_sample, i, samples[i], bool(flip[i]))
+        staging.into(raw, i, samples[i], False)
+    assert torch.equal(finish.batch(raw, flip), per_sample)

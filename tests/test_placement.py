@@ -21,16 +21,27 @@ def test_every_cut_is_a_single_cpu_to_gpu_cut(spec):
         assert backends == [Backend.CPU] * cut + [Backend.GPU] * (4 - cut)
 
 
-def test_node_devices_for_each_placement(spec):
+def test_engine_of_every_stage_for_each_placement(spec):
     host = spec.stages[0].name
     expected = {
-        1: {host: "host", "decode": "mixed", "resize": "gpu", "normalize": "gpu"},
-        2: {host: "host", "decode": "cpu", "resize": "gpu", "normalize": "gpu"},
-        3: {host: "host", "decode": "cpu", "resize": "cpu", "normalize": "gpu"},
-        4: {host: "host", "decode": "cpu", "resize": "cpu", "normalize": "cpu"},
+        1: {host: "host", "decode": "dali:mixed", "resize": "dali:gpu", "normalize": "dali:gpu"},
+        2: {host: "host", "decode": "dali:cpu", "resize": "dali:gpu", "normalize": "dali:gpu"},
+        3: {host: "host", "decode": "dali:cpu", "resize": "torch:cpu", "normalize": "torch:cuda"},
+        4: {host: "host", "decode": "dali:cpu", "resize": "torch:cpu", "normalize": "torch:cpu"},
     }
-    for cut, devices in expected.items():
-        assert dali_graph.node_devices(spec, cut) == devices
+    for cut, engines in expected.items():
+        assert dali_graph.engines(spec, cut) == engines
+
+
+def test_dali_inputs_follow_the_placement(spec):
+    tail_in_dali = {1: True, 2: True, 3: False, 4: False}
+    for cut, in_dali in tail_in_dali.items():
+        names = set(dali_graph.inputs(spec, cut))
+        assert "encoded" in names
+        if spec.name == "image-train":
+            assert {"anchor", "shape"} <= names and ("flip" in names) == in_dali
+        else:
+            assert ({"resize_w", "resize_h", "crop_anchor"} <= names) == in_dali
 
 
 def test_named_placements(spec):

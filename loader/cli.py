@@ -1,0 +1,136 @@
+"""The ``feedline`` command: make-data, bench, plan."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+IMAGE_PIPELINES = ("image-train", "image-val")
+PIPELINES = IMAGE_PIPELINES + ("criteo",)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _existing_path(text: str) -> str:
+    if not Path(text).exists():
+        raise argparse.ArgumentTypeError(f"{text!r} does not exist")
+    return text
+
+
+def _json_path(text: str) -> str:
+    parent = Path(text).resolve().parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: folder {str(parent)!r} does not exist")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="feedline", description="Input pipelines that keep accelerators fed.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log placement decisions (INFO)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    make = sub.add_parser("make-data", help="write a synthetic dataset")
+    kinds = make.add_subparsers(dest="kind", required=True)
+    images = kinds.add_parser("images", help="photo-like JPEGs (plus a few grayscale and PNG) in ImageFolder layout")
+    images.add_argument("--out", required=True, help="output directory (new, or empty)")
+    images.add_argument("--count", type=_positive_int, default=2000)
+    images.add_argument("--classes", type=_positive_int, default=10)
+    images.add_argument("--seed", type=_non_negative_int, default=0)
+    criteo = kinds.add_parser("criteo", help="rows with Criteo-like statistics")
+    criteo.add_argument("--out", required=True, help="output file (.tsv, .tsv.gz or .parquet)")
+    criteo.add_argument("--rows", type=_positive_int, default=1_000_000)
+    criteo.add_argument("--seed", type=_non_negative_int, default=0)
+    criteo.add_argument("--format", choices=("tsv", "parquet"), default="tsv")
+
+    bench = sub.add_parser("bench", help="throughput against a baseline, measured in the same run")
+    what = bench.add_mutually_exclusive_group(required=True)
+    what.add_argument("--pipeline", choices=PIPELINES)
+    what.add_argument("--op", choices=("hash",), help="benchmark one op against memory-copy bandwidth")
+    bench.add_argument("--data", type=_existing_path, help="dataset directory or file")
+    bench.add_argument("--placement", default="cpu", choices=("cpu", "gpu", "auto"))
+    bench.add_argument("--batch-size", type=_positive_int, default=None)
+    bench.add_argument("--batches", type=_positive_int, default=None, help="timed batches after the warm-up")
+    bench.add_argument("--output", choices=("float", "uint8"), default="float", help="image output format")
+    bench.add_argument("--baseline", choices=("torchvision", "pandas", "none"), default=None)
+    bench.add_argument("--json", type=_json_path, metavar="PATH", help="also write the results as JSON")
+    bench.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    try:
+        if args.command == "make-data":
+            result = _make_data(args)
+        else:
+            result = _bench(parser, args)
+    except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as exc:
+        print(f"feedline {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(result))
+    if getattr(args, "json", None):
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _make_data(args) -> dict:
+    if args.kind == "images":
+        from ..benchmarks.data.images import make_images
+        return make_images(args.out, count=args.count, classes=args.classes, seed=args.seed)
+    from ..benchmarks.data.criteo import make_criteo
+    return make_criteo(args.out, rows=args.rows, seed=args.seed, format=args.format)
+
+
+def _bench(parser: argparse.ArgumentParser, args) -> dict:
+    if args.op == "hash":
+        from ..benchmarks.hash_bench import bench_hash
+        return bench_hash()
+    if args.data is None:
+        parser.error(f"--pipeline {args.pipeline} needs --data (make one with `feedline make-data`)")
+    if args.pipeline in IMAGE_PIPELINES:
+        if args.baseline == "pandas":
+            parser.error("--baseline pandas applies to --pipeline criteo; image pipelines compare with torchvision")
+        from ..benchmarks.image_bench import bench_image
+        return bench_image(args.data, pipeline=args.pipeline, placement=args.placement,
+                           batch_size=args.batch_size or 64, batches=args.batches or 30, output=args.output,
+                           baseline=None if args.baseline == "none" else "torchvision",
+                           progress=not args.no_progress)
+    if args.baseline == "torchvision":
+        parser.error("--baseline torchvision applies to image pipelines; criteo compares with pandas")
+    from ..benchmarks.criteo_bench import bench_criteo
+    return bench_criteo(args.data, batch_size=args.batch_size or 8192, batches=args.batches,
+                        placement=args.placement, baseline=args.baseline != "none")
+
+
+def format_table(result: dict) -> str:
+    rows = [(k, f"{v:,.1f}" if isinstance(v, float) else str(v)) for k, v in result.items()
+            if not isinstance(v, (dict, list))]
+    width = max((len(k) for k, _ in rows), default=0)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
