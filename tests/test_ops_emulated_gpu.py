@@ -1,0 +1,260 @@
+"""The CuPy code paths of feedline.ops, run without a GPU.
+
+The real kernel files are compiled as plain C++ (each ``__global__`` kernel becomes a host function
+whose grid-stride loop runs with one thread), and a NumPy-backed stand-in for ``cupy`` routes every
+launch there. Each launch's arguments are checked against the kernel's C signature (pointer element
+types, scalar widths, contiguity), which is what CuPy needs and does not check itself; results must
+equal the NumPy paths bit for bit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+
+from feedline import ops
+from feedline.ops import _cuda
+
+CXX = shutil.which("g++")
+pytestmark = pytest.mark.skipif(CXX is None, reason="g++ not found")
+
+PRELUDE = """
+#include <math.h>
+#define __host__
+#define __device__
+#define __global__
+#define __forceinline__ inline
+struct fl_emulated_dim3 { unsigned int x; };
+static const fl_emulated_dim3 blockIdx = {0}, threadIdx = {0}, blockDim = {1}, gridDim = {1};
+"""
+
+POINTER_DTYPES = {
+    "unsigned int": {np.dtype(np.uint32), np.dtype(np.int32)},
+    "unsigned long long": {np.dtype(np.uint64), np.dtype(np.int64)},
+    "long long": {np.dtype(np.int64)},
+    "unsigned char": {np.dtype(np.uint8)},
+    "float": {np.dtype(np.float32)},
+    "double": {np.dtype(np.float64)},
+}
+SCALARS = {
+    "long long": (np.int64, ctypes.c_longlong),
+    "unsigned int": (np.uint32, ctypes.c_uint),
+    "int": (np.int32, ctypes.c_int),
+    "double": (np.float64, ctypes.c_double),
+}
+
+
+class FakeDeviceArray(np.ndarray):
+    """Stands in for cupy.ndarray."""
+
+
+def _dev(result):
+    if isinstance(result, np.ndarray) and not isinstance(result, FakeDeviceArray):
+        return result.view(FakeDeviceArray)
+    return result
+
+
+def _fake_cupy() -> types.ModuleType:
+    fake = types.ModuleType("cupy")
+    fake.ndarray = FakeDeviceArray
+    for name in ("ascontiguousarray", "empty", "zeros", "arange", "concatenate", "cumsum",
+                 "minimum", "searchsorted", "isnan"):
+        setattr(fake, name, (lambda fn: lambda *a, **k: _dev(fn(*a, **k)))(getattr(np, name)))
+    fake.asarray = lambda a, dtype=None, order=None: _dev(np.asarray(a, dtype=dtype, order=order))
+    fake.asnumpy = lambda a: np.asarray(a)
+    fake.ones = lambda *a, **k: _dev(np.ones(*a, **k))
+    fake.empty_like = lambda *a, **k: _dev(np.empty_like(*a, **k))
+    fake.copyto = np.copyto
+    fake.float32 = np.float32
+    fake.cuda = types.SimpleNamespace(Event=_FakeEvent, get_elapsed_time=lambda a, b: 1e3 * (b.at - a.at))
+    return fake
+
+
+class _FakeEvent:
+    at = 0.0
+
+    def record(self):
+        self.at = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    work = tmp_path_factory.mktemp("emulated")
+    files = sorted(p.name for p in _cuda.KERNEL_DIR.glob("*.cu"))
+    (work / "kernels.cpp").write_text(PRELUDE + "".join(f'#include "{f}"\n' for f in files))
+    flags = [CXX, "-std=c++17", "-I", str(_cuda.KERNEL_DIR)]
+    build = subprocess.run(
+        [*flags, "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-o", str(work / "kernels.so"),
+         str(work / "kernels.cpp")],
+        capture_output=True, text=True,
+    )
+    assert build.returncode == 0, build.stderr
+    expanded = subprocess.run([*flags, "-E", "-P", str(work / "kernels.cpp")],
+                              capture_output=True, text=True, check=True).stdout
+    signatures = {
+        name: [p.strip() for p in params.split(",")]
+        for name, params in re.findall(r'extern "C"\s+void\s+(fl_\w+)\s*\(([^)]*)\)', expanded)
+    }
+    return ctypes.CDLL(str(work / "kernels.so")), signatures
+
+
+@pytest.fixture
+def gpu(kernels, monkeypatch):
+    library, signatures = kernels
+    launched = []
+
+    class Module:
+        def get_function(self, name):
+            def run(grid, block, args):
+                params = signatures[name]
+                assert len(args) == len(params), f"{name}: {len(args)} args for {params}"
+                converted = [_convert(name, p, a) for p, a in zip(params, args)]
+                getattr(library, name)(*converted)
+                launched.append(name)
+
+            return run
+
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    monkeypatch.setattr(_cuda, "_module", lambda filename: Module())
+    return launched
+
+
+def _convert(kernel: str, param: str, arg):
+    declared = " ".join(param.replace("const", "").split()[:-1])
+    if declared.endswith("*"):
+        element = declared[:-1].strip()
+        assert isinstance(arg, FakeDeviceArray), f"{kernel}: {param} got {type(arg).__name__}"
+        assert arg.dtype in POINTER_DTYPES[element], f"{kernel}: {param} got dtype {arg.dtype}"
+        assert arg.flags.c_contiguous, f"{kernel}: {param} is not C-contiguous"
+        return ctypes.c_void_p(arg.ctypes.data)
+    numpy_type, c_type = SCALARS[declared]
+    assert type(arg) is numpy_type, f"{kernel}: {param} got {type(arg).__name__}"
+    return c_type(arg.item())
+
+
+def dev(array):
+    return np.ascontiguousarray(array).view(FakeDeviceArray)
+
+
+def same_bits(gpu_result, cpu_result):
+    assert isinstance(gpu_result, FakeDeviceArray)
+    host = np.asarray(gpu_result)
+    assert host.dtype == cpu_result.dtype and host.shape == cpu_result.shape
+    np.testing.assert_array_equal(host.view(np.uint8), np.ascontiguousarray(cpu_result).view(np.uint8))
+
+
+rng = np.random.default_rng(99)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64, np.int32, np.uint32])
+def test_hash_fixed(gpu, dtype):
+    info = np.iinfo(dtype)
+    keys = rng.integers(info.min, info.max, 5000, dtype=dtype, endpoint=True).reshape(50, 100)
+    same_bits(ops.murmur3_32(dev(keys), 42), ops.murmur3_32(keys, 42))
+    same_bits(ops.hash_buckets(dev(keys), 1_000_003, 3), ops.hash_buckets(keys, 1_000_003, 3))
+    assert set(gpu) == {f"fl_murmur3_hash_u{keys.itemsize * 8}", f"fl_murmur3_bucket_u{keys.itemsize * 8}"}
+
+
+def test_hash_strings(gpu):
+    words = ops.Strings.from_pylist(["", "a", "ab", "abc", "abcd", "ünï🎉", "x" * 33])
+    device_words = ops.Strings(dev(words.offsets.astype(np.int32)), dev(words.data))
+    same_bits(ops.murmur3_32(device_words, 5), ops.murmur3_32(words, 5))
+    same_bits(ops.hash_buckets(device_words.slice(2, 6), 97, 5), ops.hash_buckets(words.slice(2, 6), 97, 5))
+
+
+def test_cross(gpu):
+    a = rng.integers(-(2**63), 2**63 - 1, 3000, dtype=np.int64)
+    b = rng.integers(0, 2**32 - 1, 3000, dtype=np.uint32)
+    same_bits(ops.cross(dev(a), dev(b), 977, 1), ops.cross(a, b, 977, 1))
+    assert gpu == ["fl_cross_bucket"]
+
+
+@pytest.mark.parametrize("x_dtype,b_dtype", [(np.float32, np.float32), (np.float32, np.float64),
+                                             (np.int64, np.float64), (np.int64, np.int64),
+                                             (np.uint64, np.uint64), (np.int32, np.uint32), (np.bool_, np.int8)])
+@pytest.mark.parametrize("descending", [False, True])
+def test_bucketize(gpu, x_dtype, b_dtype, descending):
+    raw = rng.normal(0, 50, 4000)
+    x = (np.abs(raw) if np.dtype(x_dtype).kind in "ub" else raw).astype(x_dtype)
+    if np.dtype(x_dtype).kind == "f":
+        x[::7] = np.nan
+    bounds = np.unique(np.abs(rng.normal(0, 50, 9)).astype(b_dtype))
+    bounds = bounds[::-1].copy() if descending else bounds
+    same_bits(ops.bucketize(dev(x), dev(bounds)), ops.bucketize(x, bounds))
+
+
+def test_bucketize_compares_in_numpy_result_type(gpu):
+    cases = [
+        (np.array([2**53 + 3, 2**53 + 1], np.int64), np.array([2.0**53 + 4])),
+        (np.array([2**63 + 3, 5], np.uint64), np.array([2**62], np.int64)),
+        (np.array([16777217, -3], np.int32), np.array([16777218.0], np.float32)),
+    ]
+    for x, bounds in cases:
+        same_bits(ops.bucketize(dev(x), dev(bounds)), np.digitize(x, bounds).astype(np.int64))
+
+
+def test_subnormals(gpu):
+    tiny = np.array([-1e-40, -1e-45, 0.0, 1e-45, 1e-41, 1e-40, 1e-38], dtype=np.float32)
+    x = np.concatenate([tiny, -tiny, np.float32([np.nan])])
+    for bounds in (tiny, tiny.astype(np.float64), tiny[::-1].copy()):
+        same_bits(ops.bucketize(dev(x), dev(bounds)), ops.bucketize(x, bounds))
+    for log in (True, False):
+        doubles = x.astype(np.float64) * 0.75
+        same_bits(ops.normalize_dense(dev(x), clip_min=None, log=log), ops.normalize_dense(x, clip_min=None, log=log))
+        same_bits(ops.normalize_dense(dev(doubles), clip_min=None, log=log),
+                  ops.normalize_dense(doubles, clip_min=None, log=log))
+
+
+@pytest.mark.parametrize("fill,clip,log", [(0.0, 0.0, True), (-3.0, None, True), (float("nan"), -2.0, True),
+                                           (1.5, 0.25, False)])
+def test_normalize_dense(gpu, fill, clip, log):
+    x = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    same_bits(ops.normalize_dense(dev(x), fill, clip, log), ops.normalize_dense(x, fill, clip, log))
+    doubles = rng.lognormal(0, 3, 1000).reshape(10, 100)
+    same_bits(ops.normalize_dense(dev(doubles), fill, clip, log), ops.normalize_dense(doubles, fill, clip, log))
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+@pytest.mark.parametrize("max_len", [None, 1, 3])
+def test_multi_hot_and_keyed_jagged(gpu, dtype, max_len):
+    lengths = rng.integers(0, 6, 500)
+    offsets = np.concatenate([[2], 2 + np.cumsum(lengths)]).astype(np.int32)
+    values = rng.integers(-(2**31), 2**31 - 1, int(offsets[-1]) + 3).astype(dtype)
+    on_gpu = ops.multi_hot(dev(offsets), dev(values), 1009, 4, max_len)
+    on_cpu = ops.multi_hot(offsets, values, 1009, 4, max_len)
+    both = (ops.keyed_jagged([on_gpu, on_gpu]), ops.keyed_jagged([on_cpu, on_cpu]))
+    for g, c in ((on_gpu, on_cpu), both):
+        for field in ("values", "lengths", "offsets"):
+            same_bits(getattr(g, field), getattr(c, field))
+    assert gpu == [f"fl_multi_hot_bucket_u{values.itemsize * 8}"]
+
+
+def test_multi_hot_with_strided_offsets(gpu):
+    offsets = np.arange(0, 41, dtype=np.int64)
+    values = np.arange(40, dtype=np.int64)
+    same_bits(ops.multi_hot(dev(offsets)[::4], dev(values), 97, 0, 2).values,
+              ops.multi_hot(offsets[::4], values, 97, 0, 2).values)
+
+
+def test_multi_hot_strings(gpu):
+    words = ops.Strings.from_pylist([f"w{i % 31}" for i in range(300)])
+    offsets = np.arange(0, 301, 7).astype(np.int64)
+    device_words = ops.Strings(dev(words.offsets), dev(words.data))
+    same_bits(ops.multi_hot(dev(offsets), device_words, 100, 1, 3).values,
+              ops.multi_hot(offsets, words, 100, 1, 3).values)
+
+
+def test_mixed_kinds_are_rejected(gpu):
+    with pytest.raises(TypeError, match=r"NumPy or all CuPy; got CuPy for \[.a.\]"):
+        ops.cross(dev(np.arange(3)), np.arange(3), 10)
