@@ -12,6 +12,7 @@ from .errors import DataError
 
 _ORIENTATION = 0x0112
 _TRANSPOSED = {5, 6, 7, 8}
+DECODABLE = frozenset({"JPEG", "PNG", "BMP", "TIFF", "JPEG2000", "WEBP", "PPM"})  # what DALI's decoders read
 DEFAULT_MAX_PIXELS = 1 << 27  # 134 megapixels: far above any photo, far below what exhausts memory
 
 Image.MAX_IMAGE_PIXELS = None  # the size limit below is ours, and configurable
@@ -42,6 +43,9 @@ def displayed_size(data: np.ndarray, path: str, max_pixels: int = DEFAULT_MAX_PI
         raise DataError(path, "not an image (unrecognised format)") from None
     except (OSError, SyntaxError, ValueError) as exc:
         raise DataError(path, f"corrupt image header: {exc}") from None
+    if fmt not in DECODABLE:
+        raise DataError(path, f"{fmt} images are not supported; the decoder reads "
+                              f"{', '.join(sorted(DECODABLE))} (whatever the file's extension)")
     if width <= 0 or height <= 0:
         raise DataError(path, f"image header claims an empty image ({width}x{height})")
     if width * height > max_pixels:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from collections import deque
 from collections.abc import Mapping
 from typing import Any, Iterator
 
@@ -13,7 +14,9 @@ from ..pipelines.image_files import ImageFiles
 from ..pipelines.spec import PipelineSpec
 from . import placement as placements
 from .devices import gpu_available, parse_device
-from .runner import Runner
+from .runner import BatchInfo, Runner
+from .errors import OnError, parse_on_error
+from .image_headers import DEFAULT_MAX_PIXELS
 from .sampler import STATE_VERSION, EpochSampler, LastBatch, parse_last_batch
 
 log = logging.getLogger("feedline")
@@ -43,7 +46,8 @@ class Loader:
     def __init__(self, pipeline: PipelineSpec, batch_size: int, *, placement: str | Mapping = "auto",
                  device: str | torch.device | None = None, shuffle: bool = True, seed: int = 0,
                  last_batch: LastBatch | str = LastBatch.PARTIAL, rank: int | None = None,
-                 world_size: int | None = None, num_threads: int | None = None, prefetch: int = 2):
+                 world_size: int | None = None, num_threads: int | None = None, prefetch: int = 2,
+                 on_error: OnError | str = OnError.RAISE, max_pixels: int = DEFAULT_MAX_PIXELS):
         if not isinstance(pipeline, PipelineSpec):
             raise TypeError(f"pipeline must be a feedline pipeline definition (e.g. feedline.pipelines.image.train"
                             f"(...)), got {type(pipeline).__name__}")
@@ -57,6 +61,10 @@ class Loader:
             raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 1 <= prefetch <= 16:
             raise ValueError(f"prefetch must be an integer in [1, 16], got {prefetch!r}")
+        if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
+            raise ValueError(f"max_pixels must be a positive integer, got {max_pixels!r}")
+        self.on_error = parse_on_error(on_error)
+        self.max_pixels = max_pixels
         self.pipeline = pipeline
         self.device = parse_device(device)
         self.sampler = EpochSampler(len(pipeline.source), batch_size, shuffle=shuffle, seed=seed, rank=rank,
@@ -67,7 +75,10 @@ class Loader:
         self._runner = self._make_runner()
         self._epoch = 0
         self._position = 0   # batches delivered in self._epoch
+        self._cursor = 0     # samples of this rank's order for self._epoch consumed by those batches
+        self._complete = False  # the epoch's last batch was delivered
         self._resume = False
+        self.epoch_summaries: dict[int, dict[str, int]] = {}
         self._stream: Iterator[dict] | None = None
         self._stream_at: tuple[int, int] | None = None
         log.info("feedline: %s placement %s (%s)", pipeline.name, pipeline.describe_cut(self.cut),
@@ -77,7 +88,8 @@ class Loader:
         if isinstance(self.pipeline.source, ImageFiles):
             from .image_runner import ImageRunner
             return ImageRunner(self.pipeline, self.cut, self.device, batch_size=self.sampler.batch_size,
-                               seed=self.sampler.seed, num_threads=self.num_threads, prefetch=self.prefetch)
+                               seed=self.sampler.seed, num_threads=self.num_threads, prefetch=self.prefetch,
+                               on_error=self.on_error, max_pixels=self.max_pixels)
         from .feature_runner import FeatureRunner
         return FeatureRunner(self.pipeline, self.cut, self.device, prefetch=self.prefetch,
                              num_threads=self.num_threads)
@@ -91,38 +103,68 @@ class Loader:
     def epoch(self) -> int:
         return self._epoch
 
+    @property
+    def skipped(self) -> list:
+        """Every sample left out with ``on_error="skip"``, once each, in the order met."""
+        found = getattr(self._runner, "skipped", ())
+        return list(found.values()) if isinstance(found, dict) else list(found)
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration run ``epoch`` from its start (as ``DistributedSampler.set_epoch``)."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
-        self._epoch, self._position, self._resume = epoch, 0, True
+        self._epoch, self._position, self._cursor, self._complete, self._resume = epoch, 0, 0, False, True
 
     def __len__(self) -> int:
+        """Batches per epoch on this rank (with ``on_error="skip"``, skips can make an epoch shorter)."""
         return len(self.sampler)
 
-    def _plans(self, epoch: int, start: int):
+    def _plans(self, epoch: int, cursor: int):
         for e in itertools.count(epoch):
-            yield from self.sampler.epoch(e, start if e == epoch else 0)
+            yield from self.sampler.epoch(e, start_sample=cursor if e == epoch else 0)
+
+    def _delivered(self, plans):
+        """(batch, info) from the runner; runners that deliver one batch per plan are paired with their plans."""
+        if getattr(self._runner, "yields_info", False):
+            yield from self._runner.batches(plans)
+            return
+        taken: deque = deque()
+
+        def feed():
+            for plan in plans:
+                taken.append(plan)
+                yield plan
+
+        for batch in self._runner.batches(feed()):
+            plan = taken.popleft()
+            yield batch, BatchInfo(plan.epoch, plan.start + plan.indices.size, plan.last)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        if not self._resume and self._position > 0:
-            self._epoch, self._position = self._epoch + 1, 0
+        if not self._resume and (self._position > 0 or self._complete):
+            self._epoch, self._position, self._cursor, self._complete = self._epoch + 1, 0, 0, False
         self._resume = False
-        if self._stream is None or self._stream_at != (self._epoch, self._position):
+        if self._stream is None or self._stream_at != (self._epoch, self._cursor):
             self._close_stream()
             # One stream runs across epoch boundaries, so the next epoch's first batches are in flight
             # while this epoch's last ones are consumed.
-            self._stream = self._runner.batches(self._plans(self._epoch, self._position))
-        epoch = self._epoch
-        while self._epoch == epoch and self._position < len(self):
+            self._stream = self._delivered(self._plans(self._epoch, self._cursor))
+        epoch, samples = self._epoch, 0
+        while not self._complete:
             try:
-                batch = next(self._stream)
+                batch, info = next(self._stream)
             except BaseException:
                 self._close_stream()
                 raise
-            self._position += 1
-            self._stream_at = (self._epoch, self._position) if self._position < len(self) else (self._epoch + 1, 0)
-            yield batch
+            self._cursor, self._complete = info.end, info.last
+            self._stream_at = (epoch + 1, 0) if info.last else (epoch, info.end)
+            if batch is not None:
+                self._position += 1
+                samples += len(batch["index"])
+                yield batch
+        skipped = sum(1 for s in getattr(self._runner, "skip_events", ()) if s.epoch == epoch)
+        self.epoch_summaries[epoch] = {"batches": self._position, "samples": samples, "skipped": skipped}
+        log.log(logging.WARNING if skipped else logging.INFO, "feedline: epoch %d delivered %d samples in %d "
+                "batches, skipped %d", epoch, samples, self._position, skipped)
 
     def _close_stream(self) -> None:
         if self._stream is not None:
@@ -132,10 +174,12 @@ class Loader:
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: loading it into a Loader of the same configuration resumes at the next batch."""
         s = self.sampler
-        return {"version": STATE_VERSION, "epoch": self._epoch, "position": self._position,
+        return {"version": STATE_VERSION, "epoch": self._epoch, "position": self._position, "cursor": self._cursor,
+                "complete": self._complete,
                 "config": {"num_samples": s.num_samples, "batch_size": s.batch_size, "seed": s.seed,
                            "shuffle": s.shuffle, "rank": s.rank, "world_size": s.world_size,
-                           "last_batch": s.last_batch.value, "pipeline": self.pipeline.name}}
+                           "last_batch": s.last_batch.value, "pipeline": self.pipeline.name,
+                           "on_error": self.on_error.value}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
@@ -147,13 +191,17 @@ class Loader:
         if differ:
             raise ValueError("state was saved by a differently configured Loader; (saved, this loader): "
                              + ", ".join(f"{k}: {a!r} vs {b!r}" for k, (a, b) in differ.items()))
-        epoch, position = state["epoch"], state["position"]
-        if not (isinstance(epoch, int) and epoch >= 0 and isinstance(position, int) and 0 <= position <= len(self)):
-            raise ValueError(f"state has an invalid position: epoch={epoch!r}, position={position!r}")
-        self._epoch, self._position = epoch, position
-        self._resume = position < len(self)
-        if not self._resume:
-            self._epoch, self._position, self._resume = epoch + 1, 0, True
+        epoch, position, cursor, complete = (state.get(k) for k in ("epoch", "position", "cursor", "complete"))
+        ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (epoch, position, cursor))
+        if not ok or not isinstance(complete, bool) or cursor > self.sampler.shard_size(epoch):
+            raise ValueError(f"state has an invalid position: epoch={epoch!r}, position={position!r}, "
+                             f"cursor={cursor!r}, complete={complete!r}")
+        self._close_stream()
+        if complete:
+            self._epoch, self._position, self._cursor, self._complete = epoch + 1, 0, 0, False
+        else:
+            self._epoch, self._position, self._cursor, self._complete = epoch, position, cursor, False
+        self._resume = True
 
     def close(self) -> None:
         self._close_stream()

@@ -33,6 +33,8 @@ class BatchPlan:
     indices: np.ndarray  # int64 dataset indices, in delivery order
     valid: np.ndarray    # bool, False for padding
     epoch: int = 0       # keys per-sample augmentation randomness together with the index
+    start: int = 0       # position of the first sample in this rank's order for the epoch
+    last: bool = True    # the epoch's last batch on this rank
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -93,10 +95,19 @@ class EpochSampler:
             per_rank = -(-self.num_samples // self.world_size)
         return -(-per_rank // self.batch_size)
 
-    def epoch(self, epoch: int, start_batch: int = 0) -> list[BatchPlan]:
+    def epoch(self, epoch: int, start_batch: int = 0, *, start_sample: int | None = None) -> list[BatchPlan]:
+        """The epoch's batches from batch ``start_batch``, or from sample position ``start_sample`` (then the
+        first plan runs from there to the next batch boundary)."""
         shard, valid = self._shard(epoch)
-        return [BatchPlan(shard[i:i + self.batch_size], valid[i:i + self.batch_size], epoch)
-                for i in range(start_batch * self.batch_size, shard.size, self.batch_size)]
+        start = start_batch * self.batch_size if start_sample is None else start_sample
+        if not 0 <= start <= shard.size:
+            raise ValueError(f"epoch {epoch} has {shard.size} samples on this rank; cannot start at {start}")
+        bounds = [start] + list(range((start // self.batch_size + 1) * self.batch_size, shard.size, self.batch_size))
+        bounds = [b for b in bounds if b < shard.size] + [shard.size]
+        return [BatchPlan(shard[a:b], valid[a:b], epoch, a, b == shard.size) for a, b in zip(bounds, bounds[1:])]
+
+    def shard_size(self, epoch: int) -> int:
+        return self._shard(epoch)[0].size
 
 
 def parse_last_batch(value: LastBatch | str) -> LastBatch:

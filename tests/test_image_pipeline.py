@@ -55,7 +55,7 @@ def test_train_decodes_exactly_the_planned_window(image_dir):
     runner = ImageRunner(spec, spec.all_cpu, torch.device("cpu"), batch_size=10, seed=5, num_threads=2, prefetch=2)
     plan = BatchPlan(np.arange(10, dtype=np.int64), np.ones(10, bool), epoch=1)
     host = runner.host_batch(plan)
-    batch = next(runner.batches(iter([plan])))
+    batch, _ = next(runner.batches(iter([plan])))
     assert 0 < host.flip.sum() < 10  # both branches exercised with this seed
     for k in range(10):
         (x, y), (w, h) = host.feeds["anchor"][k], host.feeds["shape"][k]

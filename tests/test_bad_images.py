@@ -1,0 +1,111 @@
+"""on_error for image pipelines: every bad case raises a DataError naming the file, or with "skip" is left
+out, listed and counted while every good sample still arrives exactly once."""
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+from torchvision.transforms import v2
+
+from feedline.loader import DataError, Loader
+from feedline.pipelines import image
+
+from conftest import write_images
+from corrupt_images import CASES, REASONS, payload
+
+BAD = [c for c, kind in CASES.items() if kind == "bad"] + ["deleted"]
+GOOD = [c for c, kind in CASES.items() if kind == "good"]
+
+
+def dataset_with(tmp_path, case):
+    """11 good photos and one special file, placed in the middle of the order."""
+    write_images(tmp_path, 11, classes=1, seed=4)
+    target = tmp_path / "class_0" / "img_0005x.jpg"
+    target.write_bytes(payload("truncated" if case == "deleted" else case, seed=1))
+    spec = image.train(tmp_path, size=48, output="uint8")
+    if case == "deleted":
+        target.unlink()
+    return spec, str(target)
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_raise_names_the_file_and_the_reason(tmp_path, case):
+    spec, target = dataset_with(tmp_path, case)
+    loader = Loader(spec, batch_size=4, shuffle=False, placement="cpu")
+    with pytest.raises(DataError) as info:
+        list(loader)
+    assert info.value.where == target and REASONS[case] in info.value.reason
+
+
+@pytest.mark.parametrize("case", BAD)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_skip_leaves_out_only_the_bad_file(tmp_path, case, shuffle):
+    spec, target = dataset_with(tmp_path, case)
+    bad_index = spec.source.paths.index(target)
+    loader = Loader(spec, batch_size=4, shuffle=shuffle, seed=2, placement="cpu", on_error="skip")
+    for epoch in range(2):
+        sizes, seen = [], []
+        for batch in loader:
+            sizes.append(len(batch["index"]))
+            seen += batch["index"].tolist()
+        assert sorted(seen) == [i for i in range(12) if i != bad_index]
+        assert sizes == [4, 4, 3]  # the batch with the bad file is filled from the next good ones
+        assert loader.epoch_summaries[epoch] == {"batches": 3, "samples": 11, "skipped": 1}
+    assert [(s.where, s.index) for s in loader.skipped] == [(target, bad_index)]
+    assert REASONS[case] in loader.skipped[0].reason
+
+
+@pytest.mark.parametrize("case", GOOD)
+def test_awkward_but_valid_files_decode_to_rgb(tmp_path, case):
+    folder = tmp_path / "c"
+    folder.mkdir()
+    path = folder / "x.jpg"
+    path.write_bytes(payload(case, seed=3))
+    spec = image.val(tmp_path, size=96, output="uint8")
+    batch = next(iter(Loader(spec, batch_size=1, placement="cpu")))
+    assert batch["image"].shape == (1, 96, 96, 3)
+    upright = ImageOps.exif_transpose(Image.open(path)).convert("RGB")  # EXIF orientation applied
+    expected = np.asarray(v2.CenterCrop(96)(v2.Resize(110, antialias=True)(upright))).astype(int)
+    diff = np.abs(batch["image"][0].numpy().astype(int) - expected)
+    assert diff.mean() < 1.0 and diff.max() <= (3 if case == "cmyk" else 1), (diff.mean(), diff.max())
+
+
+def test_size_limit_is_configurable(tmp_path):
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / "a.jpg").write_bytes(payload("grayscale", seed=1))  # 320 x 240
+    spec = image.val(tmp_path, size=32)
+    with pytest.raises(DataError, match="above the limit of 1000 pixels"):
+        list(Loader(spec, batch_size=1, placement="cpu", max_pixels=1000))
+    assert len(list(Loader(spec, batch_size=1, placement="cpu", max_pixels=320 * 240))) == 1
+
+
+def test_an_epoch_whose_tail_is_all_bad_ends_cleanly(tmp_path):
+    write_images(tmp_path, 4, classes=1, seed=6)
+    for k in range(3):
+        (tmp_path / "class_0" / f"zz_{k}.jpg").write_bytes(b"")
+    spec = image.train(tmp_path, size=32, output="uint8")
+    loader = Loader(spec, batch_size=2, shuffle=False, placement="cpu", on_error="skip")
+    for _ in range(2):
+        assert [b["index"].tolist() for b in loader] == [[0, 1], [2, 3]]
+    assert len(loader.skipped) == 3
+
+
+def test_resume_after_a_skip_gives_the_same_batches(tmp_path):
+    spec, _ = dataset_with(tmp_path, "truncated")
+    full = [(b["index"].clone(), b["image"].clone())
+            for b in Loader(spec, batch_size=4, seed=3, placement="cpu", on_error="skip")]
+    first = Loader(spec, batch_size=4, seed=3, placement="cpu", on_error="skip")
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    resumed = Loader(spec, batch_size=4, seed=3, placement="cpu", on_error="skip")
+    resumed.load_state_dict(state)
+    rest = [(b["index"], b["image"]) for b in resumed]
+    assert len(rest) == len(full) - 1
+    for (i, img), (j, img2) in zip(full[1:], rest):
+        assert torch.equal(i, j) and torch.equal(img, img2)
+
+
+def test_on_error_must_be_raise_or_skip(image_dir):
+    with pytest.raises(ValueError, match="on_error must be 'raise' or 'skip'"):
+        Loader(image.val(image_dir), batch_size=2, on_error="ignore")
