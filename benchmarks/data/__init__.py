@@ -1,0 +1,1 @@
+"""Deterministic synthetic data sets for feedline's benchmarks and tests."""
