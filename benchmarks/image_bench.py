@@ -1,9 +1,11 @@
 """`feedline bench --pipeline image-train|image-val`: feedline against torchvision and the decode-only bound,
-on the same files, batch size and cores, each after a warm-up."""
+on the same files, batch size and cores, each after a warm-up. The two loaders are measured in alternating
+rounds and each reports its median round, so load from elsewhere on the machine biases neither."""
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterable
+import statistics
+from typing import Iterable
 
 from tqdm import tqdm
 
@@ -16,17 +18,17 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _counted(factory: Callable[[], Iterable], bar: tqdm) -> Callable[[], Iterable]:
-    def run():
-        for batch in factory():
+def _endless(loader: Iterable, bar: tqdm):
+    """Epoch after epoch of one loader, so rounds continue where the last one stopped."""
+    while True:
+        for batch in loader:
             bar.update(1)
             yield batch
-    return run
 
 
 def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "cpu", batch_size: int = 64,
-                batches: int = 30, warmup: int = 4, output: str = "float", baseline: str | None = "torchvision",
-                bound: bool = True, progress: bool = True) -> dict:
+                batches: int = 30, warmup: int = 4, rounds: int = 3, output: str = "float",
+                baseline: str | None = "torchvision", bound: bool = True, progress: bool = True) -> dict:
     if pipeline not in ("image-train", "image-val"):
         raise ValueError(f"pipeline must be 'image-train' or 'image-val', got {pipeline!r}")
     if baseline not in (None, "torchvision"):
@@ -34,24 +36,35 @@ def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "c
     make = image.train if pipeline == "image-train" else image.val
     spec = make(data, output=output)
     cores = _cores()
-    steps = (batches + warmup) * (2 if baseline else 1)
-    result = {"pipeline": pipeline, "placement": placement, "output": spec.stages[-1].params["output"].value,
-              "batch_size": batch_size, "batches": batches, "cores": cores, "dataset_size": len(spec.source)}
-    with tqdm(total=steps, desc=f"bench {pipeline}", unit="batch", disable=not progress) as bar:
-        loader = Loader(spec, batch_size=batch_size, placement=placement, shuffle=pipeline == "image-train",
-                        last_batch="drop")
-        result["placement"] = spec.describe_cut(loader.cut)
-        result["feedline_samples_per_s"] = image_baselines.measure_loader(
-            _counted(lambda: loader, bar), batches, warmup)["samples_per_s"]
-        loader.close()
-        if baseline:
-            bar.set_description("bench torchvision")
-            tv = _torchvision(pipeline, output)(data, batch_size, cores)
-            result["baseline"] = f"torchvision ImageFolder + DataLoader({cores} workers)"
-            result["baseline_samples_per_s"] = image_baselines.measure_loader(
-                _counted(lambda: tv, bar), batches, warmup)["samples_per_s"]
-            result["speedup"] = result["feedline_samples_per_s"] / result["baseline_samples_per_s"]
-            del tv
+    per_round = batches // rounds or 1
+    contenders = {"feedline": Loader(spec, batch_size=batch_size, placement=placement,
+                                     shuffle=pipeline == "image-train", last_batch="drop")}
+    if baseline:
+        contenders["baseline"] = _torchvision(pipeline, output)(data, batch_size, cores)
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    total = len(contenders) * (warmup + per_round * rounds)
+    with tqdm(total=total, desc=f"bench {pipeline}", unit="batch", disable=not progress) as bar:
+        streams = {name: _endless(loader, bar) for name, loader in contenders.items()}
+        for name, stream in streams.items():
+            image_baselines.measure_loader(lambda: stream, 1, max(warmup - 1, 0))
+        for _ in range(rounds):
+            for name, stream in streams.items():
+                bar.set_description(f"bench {name}")
+                rates[name].append(image_baselines.measure_loader(lambda: stream, per_round, 0)["samples_per_s"])
+        for stream in streams.values():
+            stream.close()
+    feedline = contenders["feedline"]
+    result = {"pipeline": pipeline, "placement": spec.describe_cut(feedline.cut), "output": output,
+              "batch_size": batch_size, "batches": per_round * rounds, "rounds": rounds, "cores": cores,
+              "dataset_size": len(spec.source),
+              "feedline_samples_per_s": statistics.median(rates["feedline"])}
+    feedline.close()
+    if baseline:
+        result["baseline"] = f"torchvision ImageFolder + DataLoader({cores} workers)"
+        result["baseline_samples_per_s"] = statistics.median(rates["baseline"])
+        result["speedup"] = result["feedline_samples_per_s"] / result["baseline_samples_per_s"]
+        result["speedup_per_round"] = [round(f / b, 3) for f, b in zip(rates["feedline"], rates["baseline"])]
+        del contenders["baseline"]
     if bound:
         files = list(spec.source.paths[: max(batch_size * batches, 512)])
         decode = image_baselines.decode_bound(files, workers=cores)
@@ -66,4 +79,3 @@ def _torchvision(pipeline: str, output: str):
         return (image_baselines.torchvision_train_loader_uint8 if pipeline == "image-train"
                 else image_baselines.torchvision_val_loader_uint8)
     return image_baselines.torchvision_train_loader if pipeline == "image-train" else image_baselines.torchvision_val_loader
-

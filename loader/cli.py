@@ -126,8 +126,8 @@ def _bench(parser: argparse.ArgumentParser, args) -> dict:
 
 
 def format_table(result: dict) -> str:
-    rows = [(k, f"{v:,.1f}" if isinstance(v, float) else str(v)) for k, v in result.items()
-            if not isinstance(v, (dict, list))]
+    rows = [(k, f"{v:,.2f}" if isinstance(v, float) else str(v)) for k, v in result.items()
+            if not isinstance(v, dict)]
     width = max((len(k) for k, _ in rows), default=0)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

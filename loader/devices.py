@@ -27,3 +27,15 @@ def parse_device(device: str | torch.device | None) -> torch.device:
     if dev.type == "cuda" and not gpu_available():
         raise ValueError(f"device={device!r} was requested but this machine has no usable CUDA GPU")
     return dev
+
+
+_GPU_FAILURE_WORDS = ("out of memory", "cuda error", "cudaerror", "device-side", "no cuda-capable device",
+                      "cuda driver", "nvjpeg", "device lost", "gpu is lost", "illegal memory access")
+
+
+def is_gpu_failure(exc: BaseException) -> bool:
+    """An error that means the GPU itself failed (out of memory, lost device), not bad data or a bug."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, (RuntimeError, MemoryError)) and any(w in text for w in _GPU_FAILURE_WORDS)

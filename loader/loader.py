@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import warnings
 from collections import deque
 from collections.abc import Mapping
 from typing import Any, Iterator
@@ -13,7 +14,7 @@ import torch
 from ..pipelines.image_files import ImageFiles
 from ..pipelines.spec import PipelineSpec
 from . import placement as placements
-from .devices import gpu_available, parse_device
+from .devices import gpu_available, is_gpu_failure, parse_device
 from .runner import BatchInfo, Runner
 from .errors import OnError, parse_on_error
 from .image_headers import DEFAULT_MAX_PIXELS
@@ -79,6 +80,7 @@ class Loader:
         self._complete = False  # the epoch's last batch was delivered
         self._resume = False
         self.epoch_summaries: dict[int, dict[str, int]] = {}
+        self.fallbacks: list[str] = []
         self._stream: Iterator[dict] | None = None
         self._stream_at: tuple[int, int] | None = None
         log.info("feedline: %s placement %s (%s)", pipeline.name, pipeline.describe_cut(self.cut),
@@ -152,6 +154,13 @@ class Loader:
         while not self._complete:
             try:
                 batch, info = next(self._stream)
+            except Exception as exc:
+                self._close_stream()
+                if not (self.cut < self.pipeline.all_cpu and is_gpu_failure(exc)):
+                    raise
+                self._fall_back_to_cpu(exc)
+                self._stream = self._delivered(self._plans(self._epoch, self._cursor))
+                continue
             except BaseException:
                 self._close_stream()
                 raise
@@ -165,6 +174,17 @@ class Loader:
         self.epoch_summaries[epoch] = {"batches": self._position, "samples": samples, "skipped": skipped}
         log.log(logging.WARNING if skipped else logging.INFO, "feedline: epoch %d delivered %d samples in %d "
                 "batches, skipped %d", epoch, samples, self._position, skipped)
+
+    def _fall_back_to_cpu(self, exc: BaseException) -> None:
+        """Rebuild on the CPU placement; the stream restarts after the last delivered batch, so the batch in
+        flight when the GPU failed is produced again on the CPU, not lost."""
+        old = self.pipeline.describe_cut(self.cut)
+        self._runner.close()
+        self.cut = self.pipeline.all_cpu
+        self._runner = self._make_runner()
+        self.fallbacks.append(f"{old} -> cpu: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        warnings.warn(f"feedline: the GPU failed during placement {old!r} ({type(exc).__name__}: {exc}); "
+                      f"continuing on the CPU placement from the batch in flight", RuntimeWarning, stacklevel=3)
 
     def _close_stream(self) -> None:
         if self._stream is not None:

@@ -1,0 +1,102 @@
+"""A plan and the measurements behind it, as a table for people (``feedline plan``) and as JSON-able data."""
+from __future__ import annotations
+
+from .scheduler import Measurements, Plan, format_bytes, format_ms
+
+COLUMNS = ("stage", "CPU ms/batch", "GPU ms/batch", "bytes out/sample", "backend", "reason")
+
+
+def _check(plan: Plan, measurements: Measurements) -> None:
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan must be a Plan, got {type(plan).__name__}")
+    if not isinstance(measurements, Measurements):
+        raise TypeError(f"measurements must be Measurements, got {type(measurements).__name__}")
+    missing = [s.stage for s in plan.stages if s.stage not in {c.stage for c in measurements.costs}]
+    if missing:
+        raise ValueError(f"measurements have no cost for stages {missing} of the plan")
+
+
+def _ms_per_batch(seconds_per_sample: float | None, batch_size: int) -> float | None:
+    return None if seconds_per_sample is None else seconds_per_sample * batch_size * 1000.0
+
+
+def plan_dict(plan: Plan, measurements: Measurements, measured_samples_per_s: float | None = None) -> dict:
+    """Everything the table shows, in plain types (``json.dumps`` takes it as is). ``measured_samples_per_s``
+    defaults to the measurements' own."""
+    _check(plan, measurements)
+    costs = {c.stage: c for c in measurements.costs}
+    res = measurements.resources
+    measured = measurements.samples_per_s if measured_samples_per_s is None else float(measured_samples_per_s)
+    p = plan.prediction
+    return {
+        "placement": plan.placement,
+        "cut": plan.cut,
+        "threads": plan.threads,
+        "prefetch": plan.prefetch,
+        "batch_size": plan.batch_size,
+        "feasible": plan.feasible,
+        "predicted_samples_per_s": p.samples_per_s,
+        "measured_samples_per_s": measured,
+        "bottleneck": p.bottleneck,
+        "seconds_per_sample": {"cpu": p.cpu_s_per_sample, "gpu": p.gpu_s_per_sample,
+                               "transfer": p.transfer_s_per_sample},
+        "gpu": None if res.gpu is None else {
+            "trainer_busy_fraction": res.trainer_gpu_busy_fraction,
+            "memory_free_bytes": res.gpu.memory_free_bytes,
+            "memory_total_bytes": res.gpu.memory_total_bytes,
+            "plan_memory_bytes": p.gpu_memory_bytes,
+        },
+        "cores": res.cores,
+        "trainer_cpu_cores_busy": res.trainer_cpu_cores_busy,
+        "reason": plan.reason,
+        "stages": [{
+            "stage": s.stage,
+            "cpu_ms_per_batch": _ms_per_batch(costs[s.stage].cpu_s_per_sample, plan.batch_size),
+            "gpu_ms_per_batch": _ms_per_batch(costs[s.stage].gpu_s_per_sample, plan.batch_size),
+            "bytes_out_per_sample": costs[s.stage].bytes_out_per_sample,
+            "backend": s.backend.value,
+            "reason": s.reason,
+        } for s in plan.stages],
+    }
+
+
+def plan_table(plan: Plan, measurements: Measurements, measured_samples_per_s: float | None = None) -> str:
+    """One row per stage (its cost on each backend, bytes out, where it runs and why), then the predicted
+    and, when known, measured throughput."""
+    data = plan_dict(plan, measurements, measured_samples_per_s)
+    no_gpu = data["gpu"] is None
+
+    def ms(value: float | None, gpu: bool) -> str:
+        if gpu and no_gpu:
+            return "no GPU"
+        return "-" if value is None else format_ms(value)
+
+    rows = [COLUMNS] + [(s["stage"], ms(s["cpu_ms_per_batch"], False), ms(s["gpu_ms_per_batch"], True),
+                         format_bytes(s["bytes_out_per_sample"]), s["backend"], s["reason"])
+                        for s in data["stages"]]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
+    numeric = {1, 2, 3}
+    lines = []
+    for row in rows:
+        cells = [cell.rjust(w) if i in numeric else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(cells + [row[-1]]).rstrip())
+    lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * len(COLUMNS[-1]))
+
+    predicted = data["predicted_samples_per_s"]
+    threads = f"{data['threads']} CPU thread{'s' if data['threads'] > 1 else ''}"
+    lines += ["", f"placement  {data['placement']} (cut {data['cut']}), {threads}, prefetch {data['prefetch']}, "
+                  f"batch {data['batch_size']}" + ("" if data["feasible"] else "  [cannot run now]"),
+              f"predicted  {predicted:,.0f} samples/s ({predicted / data['batch_size']:,.1f} batches/s), "
+              f"bound by {data['bottleneck']}"]
+    measured = data["measured_samples_per_s"]
+    if measured is not None:
+        lines.append(f"measured   {measured:,.0f} samples/s ({measured / predicted:.0%} of predicted)")
+    if no_gpu:
+        lines.append("GPU        none on this machine")
+    else:
+        g = data["gpu"]
+        lines.append(f"GPU        {g['trainer_busy_fraction']:.0%} busy with training, "
+                     f"{format_bytes(g['memory_free_bytes'])} of {format_bytes(g['memory_total_bytes'])} free")
+    lines.append(f"CPU        {data['cores']} cores, trainer uses {data['trainer_cpu_cores_busy']:.1f}")
+    lines.append(f"why        {data['reason']}")
+    return "\n".join(lines)
