@@ -2,8 +2,9 @@
 ValueError/TypeError for a bad argument), never a stack trace from inside DALI."""
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
+
+from ..pipelines.on_error import OnError, parse_on_error  # noqa: F401  (re-exported)
 
 
 class DataError(ValueError):
@@ -17,23 +18,6 @@ class DataError(ValueError):
 
 class PlacementError(ValueError):
     """A placement that this machine or this pipeline cannot run."""
-
-
-class OnError(enum.Enum):
-    """RAISE: stop at the first bad sample with a DataError. SKIP: leave it out, fill the batch from the next
-    good samples, log it once and list it in ``Loader.skipped``."""
-
-    RAISE = "raise"
-    SKIP = "skip"
-
-
-def parse_on_error(value: "OnError | str") -> OnError:
-    if isinstance(value, OnError):
-        return value
-    try:
-        return OnError(value)
-    except ValueError:
-        raise ValueError(f"on_error must be 'raise' or 'skip', got {value!r}") from None
 
 
 @dataclass(frozen=True)

@@ -321,11 +321,28 @@ class ImageRunner:
             except Exception as err:
                 return host.good[k], DataError(paths[k], f"image data is corrupt or truncated and cannot be "
                                                          f"decoded ({err})")
-        if len(suspects) == 1:
-            k = suspects[0]
-            return host.good[k], DataError(paths[k], "image data is corrupt and cannot be decoded")
+        for k in suspects:  # PIL accepted them all: ask DALI about each file on its own
+            if not _dali_decodes(paths[k]):
+                return host.good[k], DataError(paths[k], "image data is corrupt and the decoder rejects it")
         last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         return None, DataError(f"batch of {len(paths)} files from {paths[0]}", f"DALI failed: {last}")
 
     def close(self) -> None:
         self._pipe = None
+
+
+def _dali_decodes(path: str) -> bool:
+    """Whether DALI's CPU decoder accepts one file on its own (used only after a batch failed)."""
+    from nvidia.dali import Pipeline, fn, types
+
+    data = np.fromfile(path, dtype=np.uint8)
+    pipe = Pipeline(batch_size=1, num_threads=1, device_id=None)
+    with pipe:
+        pipe.set_outputs(fn.decoders.image(fn.external_source(source=lambda: [data], batch=True, dtype=types.UINT8,
+                                                              ndim=1), output_type=types.RGB))
+    try:
+        pipe.build()
+        pipe.run()
+        return True
+    except RuntimeError:
+        return False

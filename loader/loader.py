@@ -16,7 +16,7 @@ from ..pipelines.spec import PipelineSpec
 from . import placement as placements
 from .devices import gpu_available, is_gpu_failure, parse_device
 from .runner import BatchInfo, Runner
-from .errors import OnError, parse_on_error
+from .errors import OnError, PlacementError, parse_on_error
 from .image_headers import DEFAULT_MAX_PIXELS
 from .sampler import STATE_VERSION, EpochSampler, LastBatch, parse_last_batch
 
@@ -48,7 +48,7 @@ class Loader:
                  device: str | torch.device | None = None, shuffle: bool = True, seed: int = 0,
                  last_batch: LastBatch | str = LastBatch.PARTIAL, rank: int | None = None,
                  world_size: int | None = None, num_threads: int | None = None, prefetch: int = 2,
-                 on_error: OnError | str = OnError.RAISE, max_pixels: int = DEFAULT_MAX_PIXELS):
+                 on_error: OnError | str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS):
         if not isinstance(pipeline, PipelineSpec):
             raise TypeError(f"pipeline must be a feedline pipeline definition (e.g. feedline.pipelines.image.train"
                             f"(...)), got {type(pipeline).__name__}")
@@ -64,13 +64,20 @@ class Loader:
             raise ValueError(f"prefetch must be an integer in [1, 16], got {prefetch!r}")
         if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
             raise ValueError(f"max_pixels must be a positive integer, got {max_pixels!r}")
-        self.on_error = parse_on_error(on_error)
+        self.on_error = self._on_error(pipeline, on_error)
         self.max_pixels = max_pixels
         self.pipeline = pipeline
-        self.device = parse_device(device)
+        requested_device = parse_device(device)
+        self.cut = placements.resolve(pipeline, placement, gpu_available())
+        if self.cut < pipeline.all_cpu and device is not None and requested_device.type == "cpu":
+            if placement != "auto":
+                raise PlacementError(f"placement {pipeline.describe_cut(self.cut)!r} runs stages on the GPU, so "
+                                     f"batches arrive on the GPU; use device='cuda' (or leave device unset), or "
+                                     f"placement='cpu'")
+            self.cut = pipeline.all_cpu  # the trainer wants CPU tensors: keep the whole pipeline there
+        self.device = torch.device("cuda") if device is None and self.cut < pipeline.all_cpu else requested_device
         self.sampler = EpochSampler(len(pipeline.source), batch_size, shuffle=shuffle, seed=seed, rank=rank,
                                     world_size=world_size, last_batch=parse_last_batch(last_batch))
-        self.cut = placements.resolve(pipeline, placement, gpu_available())
         self.num_threads = num_threads
         self.prefetch = prefetch
         self._runner = self._make_runner()
@@ -85,6 +92,18 @@ class Loader:
         self._stream_at: tuple[int, int] | None = None
         log.info("feedline: %s placement %s (%s)", pipeline.name, pipeline.describe_cut(self.cut),
                  ", ".join(f"{k}={v.value}" for k, v in pipeline.backends_at(self.cut).items()))
+
+    @staticmethod
+    def _on_error(pipeline: PipelineSpec, on_error: OnError | str | None) -> OnError:
+        declared = getattr(pipeline.source, "on_error", None)  # tabular sources validate rows when opened
+        if on_error is None:
+            return declared or OnError.RAISE
+        chosen = parse_on_error(on_error)
+        if declared is not None and declared is not chosen:
+            raise ValueError(f"on_error={chosen.value!r} differs from the {declared.value!r} that pipeline "
+                             f"{pipeline.name!r} was defined with; set it where the pipeline is defined "
+                             f"(e.g. criteo(..., on_error={chosen.value!r}))")
+        return chosen
 
     def _make_runner(self) -> Runner:
         if isinstance(self.pipeline.source, ImageFiles):

@@ -23,10 +23,13 @@ class RowError(DataError):
         self.file = file
         self.line = line
 
+    def __reduce__(self):
+        return type(self), (self.file, self.line, self.reason)
+
 
 class MissingFileError(RowError, FileNotFoundError):
-    def __init__(self, file: str):
-        super().__init__(file, None, "file does not exist")
+    def __init__(self, file: str, line: None = None, reason: str = "file does not exist"):
+        super().__init__(file, None, reason)
 
 
 class SkippedRow(NamedTuple):

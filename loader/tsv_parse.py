@@ -20,7 +20,6 @@ PAD = 8  # filler before the first line, so an 8-byte word ending at any field s
 _FILLER = b"0" * (PAD - 1)
 
 _U = np.uint64
-_ZEROS = _U(0x3030303030303030)
 _HIGH_BITS = _U(0x8080808080808080)
 _LOWER_CASE = _U(0x2020202020202020)
 _LOW_NIBBLES = _U(0x0F0F0F0F0F0F0F0F)
@@ -28,9 +27,10 @@ _BYTE_ONES = _U(0x0101010101010101)
 _LANES_8 = _U(0x00FF00FF00FF00FF)
 _LANES_16 = _U(0x0000FFFF0000FFFF)
 _LANES_32 = _U(0x00000000FFFFFFFF)
-# _KEEP[n]: the top n bytes of a word (the last n characters before the field's end).
+# _KEEP[n]: the top n bytes of a word, that is the last n characters before the field's end.
 _KEEP = np.array([((1 << 64) - 1) ^ ((1 << (8 * (8 - n))) - 1) for n in range(9)], dtype=np.uint64)
 _INT64_MAX = (1 << 63) - 1
+BLOCK = 1 << 15  # fields converted at a time, so the temporaries stay in cache
 
 OK, NOT_NUMBER, OUT_OF_RANGE, EMPTY = 0, 1, 2, 3
 
@@ -46,97 +46,128 @@ def _words(buf: np.ndarray) -> np.ndarray:
 
 
 def _in_range(x: np.ndarray, low: int, high: int) -> np.ndarray:
-    """Per byte of ASCII words: 0x80 where low <= byte <= high, else 0."""
+    """Per byte of words whose bytes are all below 0x80: 0x80 where low <= byte <= high, else 0."""
     return (x + _U((0x80 - low) * 0x0101010101010101)) & ~(x + _U((0x7F - high) * 0x0101010101010101)) & _HIGH_BITS
 
 
-def _word(words: np.ndarray, end: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """The ``count`` (0..8) characters before ``end`` as a word, the bytes before them replaced by '0'."""
+def _window(words: np.ndarray, end: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ``count`` (0..8) characters before ``end`` in the top bytes of a word, zeros below; and the
+    characters' bytes as a mask (``_KEEP[count]``)."""
     keep = _KEEP[count]
-    return (words[end - 8] & keep) | (_ZEROS & ~keep)
+    return words[end - 8] & keep, keep
 
 
-def _decimal_word(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    ok = ((w & _HIGH_BITS) == 0) & (_in_range(w, 0x30, 0x39) == _HIGH_BITS)
-    d = w - _ZEROS
-    d = (d * _U(10) + (d >> _U(8))) & _LANES_8
-    d = (d * _U(100) + (d >> _U(16))) & _LANES_16
-    d = (d * _U(10000) + (d >> _U(32))) & _LANES_32
-    return d, ok
+def _all_in(x: np.ndarray, keep: np.ndarray, ranges: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """Whether every kept byte of ``x`` lies in one of ``ranges``."""
+    kept = keep & _HIGH_BITS
+    hits = _in_range(x, *ranges[0])
+    for r in ranges[1:]:
+        hits |= _in_range(x, *r)
+    return ((x & _HIGH_BITS) == 0) & ((hits & kept) == kept)
 
 
-def _hex_word(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    x = w | _LOWER_CASE  # 'A'-'F' -> 'a'-'f'; bytes below 0x20 never reach here (they split fields)
-    ok = ((w & _HIGH_BITS) == 0) & ((_in_range(x, 0x30, 0x39) | _in_range(x, 0x61, 0x66)) == _HIGH_BITS)
-    n = (x & _LOW_NIBBLES) + _U(9) * ((x >> _U(6)) & _BYTE_ONES)
-    t = ((n & _LANES_8) << _U(4)) | ((n >> _U(8)) & _LANES_8)
-    t = ((t & _LANES_16) << _U(8)) | ((t >> _U(16)) & _LANES_16)
-    return ((t & _LANES_32) << _U(16)) | (t >> _U(32)), ok
+def _decimal_word(x: np.ndarray) -> np.ndarray:
+    """Up to 8 ASCII digits (zero bytes before them) -> their value; SWAR, two digits, then four, then eight."""
+    d = x & _LOW_NIBBLES
+    t = d >> _U(8); d *= _U(10); d += t; d &= _LANES_8
+    t = d >> _U(16); d *= _U(100); d += t; d &= _LANES_16
+    t = d >> _U(32); d *= _U(10000); d += t; d &= _LANES_32
+    return d
 
 
-def parse_decimal(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Fields buf[start:end] as optionally signed decimal int64 -> (values, status codes); empty fields are 0."""
+def _hex_word(x: np.ndarray) -> np.ndarray:
+    """Up to 8 ASCII hex digits (zero bytes before them) -> their value."""
+    n = x & _LOW_NIBBLES
+    t = x >> _U(6); t &= _BYTE_ONES; t *= _U(9); n += t  # letters: low nibble + 9
+    t = n & _LANES_8; t <<= _U(4); n >>= _U(8); n &= _LANES_8; n |= t
+    t = n & _LANES_16; t <<= _U(8); n >>= _U(16); n &= _LANES_16; n |= t
+    t = n & _LANES_32; t <<= _U(16); n >>= _U(32); n |= t
+    return n
+
+
+_DIGITS = ((0x30, 0x39),)
+_HEX_DIGITS = ((0x30, 0x39), (0x61, 0x66))
+
+
+def parse_decimal(buf: np.ndarray, start: np.ndarray, end: np.ndarray, check: bool = True, convert: bool = True
+                  ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Fields buf[start:end] as optionally signed decimal int64 -> (values, status codes or None when not
+    ``check``ed); an empty field is 0. Without ``convert`` the values are left unset (checking only)."""
+    values = np.empty(start.size, dtype=np.int64)
+    code = np.zeros(start.size, dtype=np.int8) if check else None
     words = _words(buf)
-    negative = buf[start] == ord("-")  # an empty field's start is its separator, never '-'
-    digits_start = start + negative
-    length = end - digits_start
-    code = np.where(negative & (length == 0), NOT_NUMBER, OK).astype(np.int8)
-    low, ok = _decimal_word(_word(words, end, np.minimum(length, 8)))
-    values = low.astype(np.int64)
-    code[~ok] = NOT_NUMBER
-    long = np.flatnonzero(length > 8)
-    if long.size:
-        e, n = end[long], length[long]
-        middle, ok_m = _decimal_word(_word(words, e - 8, np.clip(n - 8, 0, 8)))
-        high, ok_h = _decimal_word(_word(words, e - 16, np.clip(n - 16, 0, 2)))
-        values[long] += middle.astype(np.int64) * 10**8 + high.astype(np.int64) * 10**16
-        code[long[~(ok_m & ok_h)]] = NOT_NUMBER
-        _slow(buf, long[n > 18], digits_start, end, values, code, base=10)
-    np.negative(values, out=values, where=negative)
+    for a in range(0, start.size, BLOCK):
+        s, e = start[a:a + BLOCK], end[a:a + BLOCK]
+        negative = buf[s] == ord("-")  # an empty field's start is its separator, never '-'
+        length = e - s - negative
+        x, kept = _window(words, e, np.minimum(length, 8))
+        v = _decimal_word(x).view(np.int64) if convert else values[a:a + BLOCK]
+        if check:
+            c = code[a:a + BLOCK]
+            c[~_all_in(x, kept, _DIGITS) | (negative & (length == 0))] = NOT_NUMBER
+        long = np.flatnonzero(length > 8)
+        if long.size:
+            el, n = e[long], length[long]
+            xm, km = _window(words, el - 8, np.clip(n - 8, 0, 8))
+            xh, kh = _window(words, el - 16, np.clip(n - 16, 0, 2))
+            v[long] += _decimal_word(xm).view(np.int64) * 10**8 + _decimal_word(xh).view(np.int64) * 10**16
+            if check:
+                c[long[~(_all_in(xm, km, _DIGITS) & _all_in(xh, kh, _DIGITS))]] = NOT_NUMBER
+            _slow(buf, long[n > 18], s + negative, e, v, c if check else None, base=10)
+        np.negative(v, out=v, where=negative)
+        values[a:a + BLOCK] = v
     return values, code
 
 
-def parse_hex(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Fields buf[start:end] as unsigned hexadecimal (at most int64's range) -> (int64 values, status codes)."""
+def parse_hex(buf: np.ndarray, start: np.ndarray, end: np.ndarray, check: bool = True, convert: bool = True
+              ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Fields buf[start:end] as unsigned hexadecimal within int64's range -> (values, status codes or None);
+    without ``convert`` the values are left unset."""
+    values = np.empty(start.size, dtype=np.int64)
+    code = np.zeros(start.size, dtype=np.int8) if check else None
     words = _words(buf)
-    length = end - start
-    low, ok = _hex_word(_word(words, end, np.minimum(length, 8)))
-    values = low.astype(np.int64)
-    code = np.where(ok, OK, NOT_NUMBER).astype(np.int8)
-    long = np.flatnonzero(length > 8)
-    if long.size:
-        e, n = end[long], length[long]
-        high, ok_h = _hex_word(_word(words, e - 8, np.clip(n - 8, 0, 8)))
-        values[long] |= (high.astype(np.int64) & 0x7FFFFFFF) << 32
-        code[long[~ok_h]] = NOT_NUMBER
-        code[long[ok_h & (high >= _U(1 << 31))]] = OUT_OF_RANGE
-        _slow(buf, long[n > 16], start, end, values, code, base=16)
+    for a in range(0, start.size, BLOCK):
+        s, e = start[a:a + BLOCK], end[a:a + BLOCK]
+        length = e - s
+        x, kept = _window(words, e, np.minimum(length, 8))
+        v = _hex_word(x).view(np.int64) if convert else values[a:a + BLOCK]
+        if check:
+            c = code[a:a + BLOCK]
+            c[~_all_in(x | _LOWER_CASE, kept, _HEX_DIGITS)] = NOT_NUMBER
+        long = np.flatnonzero(length > 8)
+        if long.size:
+            el, n = e[long], length[long]
+            xh, kh = _window(words, el - 8, np.clip(n - 8, 0, 8))
+            high = _hex_word(xh)
+            v[long] |= (high & _U(0x7FFFFFFF)).view(np.int64) << 32
+            if check:
+                c[long[~_all_in(xh | _LOWER_CASE, kh, _HEX_DIGITS)]] = NOT_NUMBER
+                c[long[high >= _U(1 << 31)]] = OUT_OF_RANGE
+            _slow(buf, long[n > 16], s, e, v, c if check else None, base=16)
+        values[a:a + BLOCK] = v
     return values, code
 
 
 def _slow(buf, fields, start, end, values, code, base: int) -> None:
-    """Fields too long for the word path (leading zeros, or out of int64 range): Python ``int``."""
+    """Fields too long for the word path (19+ digits, or 17+ hex digits): Python ``int``. Rare in practice."""
     for f in fields.tolist():
         text = bytes(buf[start[f]:end[f]])
-        if not text.isalnum() or not text.isascii():
-            code[f] = NOT_NUMBER
-            continue
         try:
-            value = int(text, base)
+            value = int(text, base) if text.isalnum() else None
         except ValueError:
-            code[f] = NOT_NUMBER
-            continue
-        if value > _INT64_MAX:
-            code[f] = OUT_OF_RANGE
-        else:
+            value = None
+        status = NOT_NUMBER if value is None else OUT_OF_RANGE if value > _INT64_MAX else OK
+        if status == OK:
             values[f] = value
-            code[f] = OK
+        if code is not None:
+            code[f] = status
 
 
 @dataclass
 class ParsedLines:
-    """The result of parsing ``n`` lines. ``lines``: the lines that had the right number of fields (their
-    columns are in ``values``/``missing``, one entry per such line); ``bad``: every bad line of the ``n``."""
+    """``n`` parsed lines. ``lines``: the lines with the right number of fields, whose columns are in
+    ``values``/``missing`` (one entry per such line, in order); ``bad``: every bad line of the ``n`` (without
+    ``check``, only lines with a wrong field count)."""
 
     values: dict[str, np.ndarray]
     missing: dict[str, np.ndarray]
@@ -148,67 +179,88 @@ class ParsedLines:
         return self._explain(line)
 
 
-def parse_lines(buf: np.ndarray, n: int, columns: tuple[Column, ...]) -> ParsedLines:
-    """Parse a line buffer holding ``n`` lines of ``len(columns)`` tab-separated fields."""
+def _columns(a: np.ndarray, idx: list[int]) -> np.ndarray:
+    """Columns ``idx`` of the [lines, fields] matrix ``a``, flattened line by line (so the fields are visited
+    in the order they lie in the buffer)."""
+    if idx == list(range(idx[0], idx[-1] + 1)):
+        return a[:, idx[0]:idx[-1] + 1].ravel()
+    return a[:, idx].ravel()
+
+
+_PARSERS = {ColumnKind.INT: (parse_decimal, "a decimal integer"), ColumnKind.HEX: (parse_hex, "a hexadecimal integer")}
+
+
+def parse_lines(buf: np.ndarray, n: int, columns: tuple[Column, ...], *, check: bool = True,
+                convert: bool = True) -> ParsedLines:
+    """Parse a line buffer holding ``n`` lines of ``len(columns)`` tab-separated fields. Without ``check``
+    the fields are trusted to be well formed (they were checked when the file was opened); without
+    ``convert`` only the checks run and the values are meaningless."""
     num_fields = len(columns)
     sep = np.flatnonzero(buf[PAD:] < 0x20)
     sep += PAD
     char = buf[sep]
     newline = char == 0x0A
     control = np.flatnonzero((char != 0x09) != newline)  # neither tab nor newline
+    # A field starts one past the separator before it (for a line's first field, the previous newline).
+    after = np.empty_like(sep)
+    after[0] = PAD
+    after[1:] = sep[:-1] + 1
     if sep.size == n * num_fields and not control.size and newline[num_fields - 1::num_fields].all():
         ends = sep.reshape(n, num_fields)
+        starts = after.reshape(n, num_fields)
         lines = np.arange(n)
-        line_start = np.empty(n, dtype=np.int64)
-        line_start[0] = PAD
-        line_start[1:] = ends[:-1, -1] + 1
         count = None
     else:
         line_of = np.cumsum(newline) - newline
         count = np.bincount(line_of, minlength=n)
         good = count == num_fields
         good[line_of[control]] = False
-        ends = sep[good[line_of]].reshape(-1, num_fields)
+        keep = good[line_of]
+        ends = sep[keep].reshape(-1, num_fields)
+        starts = after[keep].reshape(-1, num_fields)
         lines = np.flatnonzero(good)
-        line_start = np.concatenate([[PAD], sep[newline][:-1] + 1])[lines]
-    starts = np.empty_like(ends)
-    starts[:, 0] = line_start
-    starts[:, 1:] = ends[:, :-1] + 1
 
     values: dict[str, np.ndarray] = {}
     missing: dict[str, np.ndarray] = {}
-    codes = np.zeros(ends.shape, dtype=np.int8)
-    for kind, parse in ((ColumnKind.INT, parse_decimal), (ColumnKind.HEX, parse_hex)):
+    bad = np.ones(n, dtype=bool)
+    bad[lines] = False
+    codes: list[tuple[list[int], np.ndarray]] = []  # per kind: its columns, and [lines, columns] status codes
+    for kind, (parse, _) in _PARSERS.items():
         idx = [j for j, c in enumerate(columns) if c.kind is kind]
         if not idx or not lines.size:
             continue
-        s, e = starts[:, idx].ravel(), ends[:, idx].ravel()
-        v, code = parse(buf, s, e)
-        v, code, empty = v.reshape(-1, len(idx)), code.reshape(-1, len(idx)), (e == s).reshape(-1, len(idx))
+        s, e = _columns(starts, idx), _columns(ends, idx)
+        v, code = parse(buf, s, e, check, convert)
+        # One transposed copy per kind, so that every column comes out contiguous.
+        v = np.ascontiguousarray(v.reshape(-1, len(idx)).T)
+        empty = np.ascontiguousarray((s == e).reshape(-1, len(idx)).T)
         for k, j in enumerate(idx):
-            values[columns[j].name] = v[:, k]
-            missing[columns[j].name] = empty[:, k]
-            if columns[j].required:
-                code[:, k][empty[:, k]] = EMPTY
-        codes[:, idx] = code
-    bad = np.ones(n, dtype=bool)
-    bad[lines] = codes.any(axis=1)
-    row_of_line = np.full(n, -1, dtype=np.int64)
-    row_of_line[lines] = np.arange(lines.size)
+            values[columns[j].name] = v[k]
+            missing[columns[j].name] = empty[k]
+        if check:
+            code = code.reshape(-1, len(idx))
+            for k, j in enumerate(idx):
+                if columns[j].required:
+                    code[:, k][empty[k]] = EMPTY
+            bad[lines[np.flatnonzero(code) // len(idx)]] = True
+            codes.append((idx, code))
 
     def explain(line: int) -> str:
+        if control.size:
+            k = np.searchsorted(line_of[control], line)
+            if k < control.size and line_of[control[k]] == line:
+                bad_char = int(char[control[k]])
+                return f"control character 0x{bad_char:02x} in the line" + (
+                    " (Windows line ending?)" if bad_char == 0x0D else "")
         if count is not None and count[line] != num_fields:
             return f"expected {num_fields} tab-separated fields, found {count[line]}"
-        row = row_of_line[line]
-        if row < 0:
-            bad_char = int(char[control][np.searchsorted(line_of[control], line)])
-            return f"control character 0x{bad_char:02x} in the line" + (" (Windows line ending?)" if bad_char == 13 else "")
-        j = int(np.flatnonzero(codes[row])[0])
+        row = int(np.searchsorted(lines, line))
+        status = {j: int(code[row, k]) for idx, code in codes for k, j in enumerate(idx) if code[row, k] != OK}
+        j = min(status)
         text = bytes(buf[starts[row, j]:ends[row, j]]).decode("utf-8", "replace")
         col = columns[j]
-        what = {ColumnKind.INT: "a decimal integer", ColumnKind.HEX: "a hexadecimal integer"}[col.kind]
-        message = {NOT_NUMBER: f"{text!r} is not {what}", OUT_OF_RANGE: f"{text!r} is out of int64 range",
-                   EMPTY: "is empty, and a value is required"}[int(codes[row, j])]
+        message = {NOT_NUMBER: f"{text!r} is not {_PARSERS[col.kind][1]}", OUT_OF_RANGE: f"{text!r} is out of int64 range",
+                   EMPTY: "is empty, and a value is required"}[status[j]]
         return f"column {col.name} (field {j + 1}): {message}"
 
     return ParsedLines(values, missing, lines, bad, explain)

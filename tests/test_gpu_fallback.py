@@ -44,7 +44,8 @@ def test_gpu_failure_falls_back_to_cpu_without_losing_a_batch(image_dir, monkeyp
 
     monkeypatch.setattr(Loader, "_make_runner", runner_for_placement)
     loader = Loader(spec, batch_size=5, placement="gpu", seed=1)
-    assert loader.cut == 1
+    assert loader.cut == 1 and loader.device.type == "cuda"
+    loader.device = torch.device("cpu")  # no GPU here to deliver to; the fallback runner delivers on the CPU
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         seen = [i for batch in loader for i in batch["index"].tolist()]
@@ -61,6 +62,7 @@ def _with_cut(loader, cut):
     view = View()
     view.__dict__.update(loader.__dict__)
     view.cut = cut
+    view.device = torch.device("cpu")
     return view
 
 

@@ -1,0 +1,21 @@
+"""What a bad sample does, for every pipeline."""
+from __future__ import annotations
+
+import enum
+
+
+class OnError(enum.Enum):
+    """RAISE: stop at the first bad sample with a DataError naming the file (and line). SKIP: leave it out,
+    keep every good sample exactly once, log it once and list it (``Loader.skipped``)."""
+
+    RAISE = "raise"
+    SKIP = "skip"
+
+
+def parse_on_error(value: OnError | str) -> OnError:
+    if isinstance(value, OnError):
+        return value
+    try:
+        return OnError(value)
+    except ValueError:
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {value!r}") from None

@@ -1,0 +1,379 @@
+"""Tabular feature pipelines declared from a schema: dense columns (fill, clip, log1p, bucketize), categorical
+columns and crosses (hashed to buckets), multi-hot list columns (hashed, truncated, jagged).
+
+``tabular(schema, source)`` returns a :class:`PipelineSpec` with these stages, in order, each present only
+when the schema needs it:
+
+==========  ======  ==========================================================================================
+stage       where   what
+==========  ======  ==========================================================================================
+parse       CPU     rows of the files -> ``label``, ``dense_raw`` (float64 [D, B], NaN = missing),
+                    ``categorical_raw`` (int64 [K, B], missing = ``MISSING_ID``), ``lists_raw``
+dense       both    fill, clip, log1p -> ``dense`` (float32 [B, D']); bucketized columns -> ``bucketized``
+hash        both    categoricals and crosses -> ``categorical_ids`` (int64 [C + X, B])
+multi_hot   both    list columns -> ``multi_hot_ids`` (one jagged array per column)
+assemble    both    every sparse key -> ``sparse`` in TorchRec KeyedJaggedTensor layout (key-major)
+==========  ======  ==========================================================================================
+
+Placement follows the single-cut rule of :mod:`pipelines.spec`: ``parse`` always runs on the CPU, so the valid
+cuts are 1 (everything after parsing on the GPU) to ``len(stages)`` (all on the CPU), and a batch crosses to
+the GPU once.
+
+A missing categorical value is hashed as the int64 value ``MISSING_ID`` (-1): it gets a bucket of its own
+like any other value (it may share that bucket with real values, as any hashed value may), and CPU, GPU and
+serving agree on it.
+"""
+from __future__ import annotations
+
+import enum
+import math
+import os
+import threading
+from dataclasses import dataclass, replace
+from typing import Sequence, Union
+
+import numpy as np
+
+from .on_error import OnError
+from .spec import PipelineSpec
+from .stage import Backend, Stage
+
+MISSING_ID = -1
+MAX_BUCKETS = 1 << 32
+CPU_ONLY = frozenset({Backend.CPU})
+_OPEN_LOCK = threading.Lock()
+
+
+class FileFormat(enum.Enum):
+    TSV = "tsv"
+    PARQUET = "parquet"
+
+
+class ColumnKind(enum.Enum):
+    """How a column is stored. TSV files hold ``INT`` (decimal) and ``HEX`` columns; Parquet holds any kind
+    (``HEX`` there accepts hex strings or integers)."""
+
+    INT = "int"
+    FLOAT = "float"
+    HEX = "hex"
+    INT_LIST = "int_list"
+
+
+TSV_KINDS = frozenset({ColumnKind.INT, ColumnKind.HEX})
+DENSE_KINDS = frozenset({ColumnKind.INT, ColumnKind.FLOAT})
+CATEGORICAL_KINDS = frozenset({ColumnKind.INT, ColumnKind.HEX})
+LABEL_KINDS = frozenset({ColumnKind.INT, ColumnKind.FLOAT})
+
+
+def _name(owner: str, field_name: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"{owner}.{field_name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _integer(owner: str, field_name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{owner}.{field_name} must be an integer, got {type(value).__name__} {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{owner}.{field_name} must be in [{low}, {high}], got {value!r}")
+    return int(value)
+
+
+def _finite(owner: str, field_name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{owner}.{field_name} must be a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{owner}.{field_name} must be finite, got {value!r}")
+    return float(value)
+
+
+def _enum(enum_type: type[enum.Enum], field_name: str, value: object) -> enum.Enum:
+    if isinstance(value, enum_type):
+        return value
+    try:
+        return enum_type(value)
+    except ValueError:
+        raise ValueError(f"{field_name} must be one of {[m.value for m in enum_type]}, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the files. ``required``: an empty value makes the row bad (set for the label)."""
+
+    name: str
+    kind: ColumnKind
+    required: bool = False
+
+    def __post_init__(self) -> None:
+        _name("Column", "name", self.name)
+        object.__setattr__(self, "kind", _enum(ColumnKind, "Column.kind", self.kind))
+        if not isinstance(self.required, bool):
+            raise TypeError(f"Column.required must be True or False, got {self.required!r}")
+
+
+@dataclass(frozen=True)
+class TabularFiles:
+    """The files a tabular pipeline reads, in order: row ``i`` of the data set counts over all files."""
+
+    paths: tuple[str, ...]
+    format: FileFormat
+    columns: tuple[Column, ...]
+    on_error: OnError = OnError.RAISE
+
+    def __post_init__(self) -> None:
+        paths = (self.paths,) if isinstance(self.paths, (str, os.PathLike)) else self.paths
+        if not isinstance(paths, Sequence) or not paths:
+            raise TypeError(f"TabularFiles.paths must be a path or a non-empty sequence of paths, got {self.paths!r}")
+        for p in paths:
+            if not isinstance(p, (str, os.PathLike)):
+                raise TypeError(f"TabularFiles.paths must hold paths, got {type(p).__name__} {p!r}")
+        object.__setattr__(self, "paths", tuple(os.fspath(p) for p in paths))
+        object.__setattr__(self, "format", _enum(FileFormat, "TabularFiles.format", self.format))
+        object.__setattr__(self, "on_error", _enum(OnError, "TabularFiles.on_error", self.on_error))
+        if not isinstance(self.columns, Sequence) or not self.columns:
+            raise TypeError(f"TabularFiles.columns must be a non-empty sequence of Column, got {self.columns!r}")
+        for c in self.columns:
+            if not isinstance(c, Column):
+                raise TypeError(f"TabularFiles.columns must hold Column, got {type(c).__name__} {c!r}")
+        object.__setattr__(self, "columns", tuple(self.columns))
+        names = [c.name for c in self.columns]
+        if len(set(names)) != len(names):
+            raise ValueError(f"TabularFiles.columns: names repeat: {names}")
+        if self.format is FileFormat.TSV:
+            bad = [c.name for c in self.columns if c.kind not in TSV_KINDS]
+            if bad:
+                raise TypeError(f"TabularFiles.columns {bad}: TSV files hold only int and hex columns")
+
+    @property
+    def produces(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def open(self):
+        """The reader of these files (``feedline.loader.tabular_io``), opened on first use and then kept:
+        opening indexes and checks every row, so ``len()`` and every runner share that one pass."""
+        with _OPEN_LOCK:
+            reader = self.__dict__.get("_reader")
+            if reader is None:
+                from ..loader.tabular_io import open_reader
+                reader = open_reader(self)
+                object.__setattr__(self, "_reader", reader)
+        return reader
+
+    def __len__(self) -> int:
+        """Good rows over all files (opens them)."""
+        return self.open().num_rows
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_reader"}
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Dense:
+    """A numeric column -> ``dense``: missing becomes ``fill``, then values below ``clip_min`` are raised to
+    it (None: no clipping), then ``log1p`` if set. With ``boundaries`` (strictly increasing), the value after
+    those steps is bucketized instead (bucket i holds values in [boundaries[i-1], boundaries[i])), and the
+    bucket id becomes a sparse key named ``name`` with ``len(boundaries) + 1`` buckets."""
+
+    name: str
+    fill: float = 0.0
+    clip_min: float | None = 0.0
+    log1p: bool = True
+    boundaries: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _name("Dense", "name", self.name)
+        object.__setattr__(self, "fill", _finite("Dense", "fill", self.fill))
+        if self.clip_min is not None:
+            object.__setattr__(self, "clip_min", _finite("Dense", "clip_min", self.clip_min))
+        if not isinstance(self.log1p, bool):
+            raise TypeError(f"Dense.log1p must be True or False, got {self.log1p!r}")
+        if self.boundaries is not None:
+            if isinstance(self.boundaries, (str, bytes)) or not isinstance(self.boundaries, (Sequence, np.ndarray)):
+                raise TypeError(f"Dense.boundaries must be a sequence of numbers or None, got {self.boundaries!r}")
+            values = tuple(_finite("Dense", "boundaries", b) for b in self.boundaries)
+            if not values:
+                raise ValueError("Dense.boundaries must hold at least one value, got an empty sequence")
+            if any(b <= a for a, b in zip(values, values[1:])):
+                raise ValueError(f"Dense.boundaries must be strictly increasing, got {values}")
+            object.__setattr__(self, "boundaries", values)
+
+    @property
+    def bucketized(self) -> bool:
+        return self.boundaries is not None
+
+
+@dataclass(frozen=True)
+class Categorical:
+    """An int or hex column hashed to ``num_buckets`` buckets with ``seed``; one id per row."""
+
+    name: str
+    num_buckets: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _name("Categorical", "name", self.name)
+        _integer("Categorical", "num_buckets", self.num_buckets, 1, MAX_BUCKETS)
+        _integer("Categorical", "seed", self.seed, 0, MAX_BUCKETS - 1)
+
+
+@dataclass(frozen=True)
+class MultiHot:
+    """A list-of-int column: each element hashed to ``num_buckets`` with ``seed``, lists cut to ``max_len``
+    (None: no limit); a missing list is empty."""
+
+    name: str
+    num_buckets: int
+    seed: int = 0
+    max_len: int | None = None
+
+    def __post_init__(self) -> None:
+        _name("MultiHot", "name", self.name)
+        _integer("MultiHot", "num_buckets", self.num_buckets, 1, MAX_BUCKETS)
+        _integer("MultiHot", "seed", self.seed, 0, MAX_BUCKETS - 1)
+        if self.max_len is not None:
+            _integer("MultiHot", "max_len", self.max_len, 1, 1 << 31)
+
+
+@dataclass(frozen=True)
+class Cross:
+    """The pair of categorical columns ``a`` and ``b`` hashed together to ``num_buckets``; key ``a_x_b``."""
+
+    a: str
+    b: str
+    num_buckets: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _name("Cross", "a", self.a)
+        _name("Cross", "b", self.b)
+        if self.a == self.b:
+            raise ValueError(f"Cross.a and Cross.b must name different columns, got {self.a!r} twice")
+        _integer("Cross", "num_buckets", self.num_buckets, 1, MAX_BUCKETS)
+        _integer("Cross", "seed", self.seed, 0, MAX_BUCKETS - 1)
+
+    @property
+    def name(self) -> str:
+        return f"{self.a}_x_{self.b}"
+
+
+Feature = Union[Dense, Categorical, MultiHot, Cross]
+
+
+@dataclass(frozen=True)
+class Schema:
+    """The label column (None: no label) and the features, in the order their outputs appear."""
+
+    label: str | None
+    features: tuple[Feature, ...]
+
+    def __post_init__(self) -> None:
+        if self.label is not None:
+            _name("Schema", "label", self.label)
+        if not isinstance(self.features, (Sequence, tuple)) or isinstance(self.features, str) or not self.features:
+            raise TypeError(f"Schema.features must be a non-empty sequence of Dense, Categorical, MultiHot or "
+                            f"Cross, got {self.features!r}")
+        for f in self.features:
+            if not isinstance(f, (Dense, Categorical, MultiHot, Cross)):
+                raise TypeError(f"Schema.features must hold Dense, Categorical, MultiHot or Cross, "
+                                f"got {type(f).__name__} {f!r}")
+        object.__setattr__(self, "features", tuple(self.features))
+        names = [f.name for f in self.features]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"Schema.features: output names repeat: {repeated}")
+        if self.label is not None and self.label in names:
+            raise ValueError(f"Schema.label {self.label!r} is also a feature")
+
+    def of_type(self, kind: type) -> tuple:
+        return tuple(f for f in self.features if isinstance(f, kind))
+
+    @property
+    def dense(self) -> tuple[Dense, ...]:
+        return tuple(f for f in self.of_type(Dense) if not f.bucketized)
+
+    @property
+    def bucketized(self) -> tuple[Dense, ...]:
+        return tuple(f for f in self.of_type(Dense) if f.bucketized)
+
+    @property
+    def sparse_keys(self) -> tuple[str, ...]:
+        """Every sparse key in output order: categoricals, crosses, bucketized dense, multi-hot."""
+        return tuple(f.name for f in (*self.of_type(Categorical), *self.of_type(Cross), *self.bucketized,
+                                      *self.of_type(MultiHot)))
+
+
+def tabular(schema: Schema, source: TabularFiles, *, name: str = "tabular") -> PipelineSpec:
+    """The pipeline that turns ``source``'s rows into ``label``, ``dense`` and ``sparse`` as ``schema`` says."""
+    if not isinstance(schema, Schema):
+        raise TypeError(f"schema must be a Schema, got {type(schema).__name__}")
+    if not isinstance(source, TabularFiles):
+        raise TypeError(f"source must be TabularFiles, got {type(source).__name__}")
+    _check_columns(schema, source)
+    if schema.label is not None:
+        columns = tuple(replace(c, required=True) if c.name == schema.label else c for c in source.columns)
+        source = replace(source, columns=columns)
+
+    dense = schema.dense + schema.bucketized
+    categorical = schema.of_type(Categorical)
+    crosses = schema.of_type(Cross)
+    multi_hot = schema.of_type(MultiHot)
+    raw_ids = tuple(dict.fromkeys([f.name for f in categorical] + [c for x in crosses for c in (x.a, x.b)]))
+
+    parse_out = (("label",) if schema.label else ()) + (("dense_raw",) if dense else ()) \
+        + (("categorical_raw",) if raw_ids else ()) + (("lists_raw",) if multi_hot else ())
+    stages = [Stage("parse", source.produces, parse_out, CPU_ONLY,
+                    {"label": schema.label, "dense": tuple(f.name for f in dense), "categorical": raw_ids,
+                     "lists": tuple(f.name for f in multi_hot)})]
+    sparse_inputs: list[str] = []
+    if dense:
+        produces = (("dense",) if schema.dense else ()) + (("bucketized",) if schema.bucketized else ())
+        stages.append(Stage("dense", ("dense_raw",), produces,
+                            params={"dense": schema.dense, "bucketized": schema.bucketized}))
+        sparse_inputs += ["bucketized"] if schema.bucketized else []
+    if categorical or crosses:
+        rows = {n: i for i, n in enumerate(raw_ids)}
+        stages.append(Stage("hash", ("categorical_raw",), ("categorical_ids",),
+                            params={"categorical": tuple((rows[f.name], f.num_buckets, f.seed) for f in categorical),
+                                    "crosses": tuple((rows[x.a], rows[x.b], x.num_buckets, x.seed) for x in crosses)}))
+        sparse_inputs.append("categorical_ids")
+    if multi_hot:
+        stages.append(Stage("multi_hot", ("lists_raw",), ("multi_hot_ids",), params={"columns": multi_hot}))
+        sparse_inputs.append("multi_hot_ids")
+    outputs = (("label",) if schema.label else ()) + (("dense",) if schema.dense else ())
+    if sparse_inputs:
+        stages.append(Stage("assemble", tuple(sparse_inputs), ("sparse",), params={"keys": schema.sparse_keys}))
+        outputs += ("sparse",)
+    if not outputs:
+        raise ValueError("schema produces no outputs")
+    return PipelineSpec(name, source, tuple(stages), outputs)
+
+
+def _check_columns(schema: Schema, source: TabularFiles) -> None:
+    kinds = {c.name: c.kind for c in source.columns}
+
+    def need(column: str, allowed: frozenset, what: str) -> None:
+        if column not in kinds:
+            raise ValueError(f"{what} reads column {column!r}, which the files do not declare; "
+                             f"columns: {list(kinds)}")
+        if kinds[column] not in allowed:
+            raise TypeError(f"{what} needs column {column!r} to be {sorted(k.value for k in allowed)}, "
+                            f"but it is declared {kinds[column].value}")
+
+    if schema.label is not None:
+        need(schema.label, LABEL_KINDS, "Schema.label")
+    for f in schema.features:
+        if isinstance(f, Dense):
+            need(f.name, DENSE_KINDS, f"Dense({f.name!r})")
+        elif isinstance(f, Categorical):
+            need(f.name, CATEGORICAL_KINDS, f"Categorical({f.name!r})")
+        elif isinstance(f, MultiHot):
+            need(f.name, frozenset({ColumnKind.INT_LIST}), f"MultiHot({f.name!r})")
+        else:
+            need(f.a, CATEGORICAL_KINDS, f"Cross({f.a!r}, {f.b!r})")
+            need(f.b, CATEGORICAL_KINDS, f"Cross({f.a!r}, {f.b!r})")

@@ -1,0 +1,86 @@
+"""The vectorised TSV parser against Python's int() on generated fields, valid and invalid."""
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from feedline.loader.tsv_parse import EMPTY, OK, join_lines, parse_lines
+from feedline.pipelines.tabular import Column, ColumnKind
+
+INT64_MAX = 2**63 - 1
+COLUMNS = (Column("d", ColumnKind.INT, required=True), Column("h", ColumnKind.HEX))
+
+decimal_text = st.one_of(
+    st.integers(-INT64_MAX, INT64_MAX).map(str),
+    st.integers(0, 10**25).map(str),  # beyond int64 too
+    st.tuples(st.integers(0, 12), st.integers(0, 10**6)).map(lambda t: "0" * t[0] + str(t[1])),
+    st.text(alphabet="0123456789-+.eEnaif x:/", min_size=0, max_size=22),
+)
+hex_text = st.one_of(
+    st.integers(0, 2**64).map(lambda v: format(v, "x")),
+    st.integers(0, 2**32).map(lambda v: format(v, "08X")),
+    st.tuples(st.integers(0, 20), st.integers(0, 2**40)).map(lambda t: "0" * t[0] + format(t[1], "x")),
+    st.text(alphabet="0123456789abcdefABCDEFgxyz-+ G@`/:", min_size=0, max_size=20),
+)
+
+
+def oracle_decimal(text: str):
+    """("value", v), ("missing",) or ("bad",), by Python's rules."""
+    if text == "":
+        return ("missing",)
+    body = text[1:] if text.startswith("-") else text
+    if not body or not all(c in "0123456789" for c in body):
+        return ("bad",)
+    value = int(text)
+    return ("value", value) if -INT64_MAX <= value <= INT64_MAX else ("bad",)
+
+
+def oracle_hex(text: str):
+    if text == "":
+        return ("missing",)
+    if not all(c in "0123456789abcdefABCDEF" for c in text):
+        return ("bad",)
+    value = int(text, 16)
+    return ("value", value) if value <= INT64_MAX else ("bad",)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(decimal_text, hex_text), min_size=1, max_size=40))
+def test_fields_parse_like_python(rows):
+    buf = join_lines([f"{d}\t{h}".encode() for d, h in rows])
+    parsed = parse_lines(buf, len(rows), COLUMNS)
+    assert parsed.lines.tolist() == list(range(len(rows)))  # every line has two fields
+    for i, (d, h) in enumerate(rows):
+        want_d, want_h = oracle_decimal(d), oracle_hex(h)
+        expect_bad = want_d[0] != "value" or want_h[0] == "bad"  # d is required
+        assert bool(parsed.bad[i]) == expect_bad, (d, h, parsed.reason(i) if parsed.bad[i] else None)
+        if want_d[0] == "value":
+            assert int(parsed.values["d"][i]) == want_d[1], d
+        if want_h[0] == "value":
+            assert int(parsed.values["h"][i]) == want_h[1], h
+        assert bool(parsed.missing["h"][i]) == (h == "")
+
+
+def test_reasons_name_column_and_text():
+    lines = [b"12\tff", b"x1\tff", b"5\tfg", b"\t1", b"99999999999999999999\t1", b"1\t10000000000000000", b"1"]
+    parsed = parse_lines(join_lines(lines), len(lines), COLUMNS)
+    assert parsed.bad.tolist() == [False, True, True, True, True, True, True]
+    assert [parsed.reason(i) for i in range(1, 7)] == [
+        "column d (field 1): 'x1' is not a decimal integer",
+        "column h (field 2): 'fg' is not a hexadecimal integer",
+        "column d (field 1): is empty, and a value is required",
+        "column d (field 1): '99999999999999999999' is out of int64 range",
+        "column h (field 2): '10000000000000000' is out of int64 range",
+        "expected 2 tab-separated fields, found 1",
+    ]
+    assert (OK, EMPTY) == (0, 3)
+
+
+def test_unchecked_parse_gives_the_same_values():
+    rng = np.random.default_rng(0)
+    values = rng.integers(-(2**62), 2**62, 500)
+    hexes = rng.integers(0, 2**62, 500)
+    lines = [f"{v}\t{h:x}".encode() for v, h in zip(values, hexes)]
+    for check in (True, False):
+        parsed = parse_lines(join_lines(lines), len(lines), COLUMNS, check=check)
+        assert parsed.values["d"].tolist() == values.tolist()
+        assert parsed.values["h"].tolist() == hexes.tolist()
