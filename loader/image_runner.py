@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -107,6 +108,7 @@ class ImageRunner:
         self.skipped: dict[int, Skipped] = {}      # dataset index -> first skip, in the order met
         self.skip_events: list[Skipped] = []       # every skip, every epoch
         self._undecodable: dict[int, DataError] = {}
+        self.stage_seconds: dict[str, float] | None = None  # thread seconds per host/torch stage, when profiling
         self._sizes = np.full((self.num_samples, 2), -1, dtype=np.int64)  # header sizes, read once
         self._pipe = None
         self._fresh = True
@@ -207,7 +209,10 @@ class ImageRunner:
         """DALI's external source: the next batch's inputs, or the end of the stream. Batches whose samples
         were all bad are queued as epoch ends without entering DALI."""
         while True:
+            started = time.thread_time()
             batch = self._assemble()
+            if self.stage_seconds is not None:
+                self.stage_seconds["host"] += time.thread_time() - started
             if batch is None:
                 raise StopIteration
             self._pending.append(batch)
@@ -288,15 +293,21 @@ class ImageRunner:
         tail_on_gpu = self.engines["normalize"] == "torch:cuda"
         stage = self.staging if tail_on_gpu else self.finish
         out = stage.allocate(len(images), height, width, pin=self.device.type == "cuda")
+        clock = self.stage_seconds is not None
         with one_thread():
             for i in range(len(images)):
                 hwc = torch.from_numpy(np.asarray(images[i]))
                 new_w, new_h = host.resize_to[i]
+                t0 = time.thread_time() if clock else 0.0
                 chw = resize(hwc, int(new_h), int(new_w))
                 if host.crop_at is not None:
                     x, y = host.crop_at[i]
                     chw = chw[:, y:y + height, x:x + width]
+                t1 = time.thread_time() if clock else 0.0
                 stage.into(out, i, chw, flip=bool(host.flip[i]) and not tail_on_gpu)
+                if clock:
+                    self.stage_seconds["resize"] += t1 - t0
+                    self.stage_seconds["normalize"] += time.thread_time() - t1
         if tail_on_gpu:
             return self.finish.batch(out.to(self.device, non_blocking=True), torch.from_numpy(host.flip))
         return out.to(self.device, non_blocking=True) if self.device.type == "cuda" else out

@@ -14,6 +14,7 @@ import torch
 from ..pipelines.image_files import ImageFiles
 from ..pipelines.spec import PipelineSpec
 from . import placement as placements
+from .autoplace import AutoPlacement
 from .devices import gpu_available, is_gpu_failure, parse_device
 from .runner import BatchInfo, Runner
 from .errors import OnError, PlacementError, parse_on_error
@@ -80,6 +81,8 @@ class Loader:
                                     world_size=world_size, last_batch=parse_last_batch(last_batch))
         self.num_threads = num_threads
         self.prefetch = prefetch
+        self._auto = AutoPlacement(pipeline, self.sampler.batch_size, self.device, num_threads) \
+            if placement == "auto" else None
         self._runner = self._make_runner()
         self._epoch = 0
         self._position = 0   # batches delivered in self._epoch
@@ -164,6 +167,8 @@ class Loader:
         if not self._resume and (self._position > 0 or self._complete):
             self._epoch, self._position, self._cursor, self._complete = self._epoch + 1, 0, 0, False
         self._resume = False
+        if self._auto is not None and self._auto.plan is None:
+            self._follow(self._auto.start())
         if self._stream is None or self._stream_at != (self._epoch, self._cursor):
             self._close_stream()
             # One stream runs across epoch boundaries, so the next epoch's first batches are in flight
@@ -172,7 +177,11 @@ class Loader:
         epoch, samples = self._epoch, 0
         while not self._complete:
             try:
-                batch, info = next(self._stream)
+                if self._auto is not None:
+                    with self._auto.wait.waiting():
+                        batch, info = next(self._stream)
+                else:
+                    batch, info = next(self._stream)
             except Exception as exc:
                 self._close_stream()
                 if not (self.cut < self.pipeline.all_cpu and is_gpu_failure(exc)):
@@ -188,6 +197,11 @@ class Loader:
             if batch is not None:
                 self._position += 1
                 samples += len(batch["index"])
+                plan = self._auto.delivered(len(batch["index"])) if self._auto is not None else None
+                if plan is not None:
+                    self._follow(plan)  # the next batch comes from the new placement, after this one
+                    self._stream = self._delivered(self._plans(self._epoch, self._cursor)) \
+                        if not self._complete else None
                 yield batch
         skipped = sum(1 for s in getattr(self._runner, "skip_events", ()) if s.epoch == epoch)
         self.epoch_summaries[epoch] = {"batches": self._position, "samples": samples, "skipped": skipped}
@@ -198,12 +212,36 @@ class Loader:
         """Rebuild on the CPU placement; the stream restarts after the last delivered batch, so the batch in
         flight when the GPU failed is produced again on the CPU, not lost."""
         old = self.pipeline.describe_cut(self.cut)
-        self._runner.close()
-        self.cut = self.pipeline.all_cpu
-        self._runner = self._make_runner()
+        self._rebuild(self.pipeline.all_cpu, self.num_threads, self.prefetch)
+        self._auto = None  # the GPU is gone for this run; placement stays on the CPU
         self.fallbacks.append(f"{old} -> cpu: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         warnings.warn(f"feedline: the GPU failed during placement {old!r} ({type(exc).__name__}: {exc}); "
                       f"continuing on the CPU placement from the batch in flight", RuntimeWarning, stacklevel=3)
+
+    def _rebuild(self, cut: int, threads: int, prefetch: int) -> None:
+        """Run from now on with another placement; the next stream starts after the last delivered batch."""
+        self._close_stream()
+        self._runner.close()
+        self.cut, self.num_threads, self.prefetch = cut, threads, prefetch
+        if cut < self.pipeline.all_cpu and self.device.type != "cuda":
+            self.device = torch.device("cuda")
+        self._runner = self._make_runner()
+        log.info("feedline: %s placement %s, %d threads, prefetch %d", self.pipeline.name,
+                 self.pipeline.describe_cut(cut), threads, prefetch)
+
+    def _follow(self, plan) -> None:
+        if (plan.cut, plan.threads, plan.prefetch) != (self.cut, self.num_threads, self.prefetch):
+            self._rebuild(plan.cut, plan.threads, plan.prefetch)
+        self._auto.moved()
+
+    @property
+    def plan(self) -> dict[str, Any]:
+        """The current placement decision: with ``placement="auto"``, the scheduler's plan, the measurements
+        behind it and the history of changes; otherwise the fixed placement."""
+        if self._auto is not None:
+            return self._auto.report()
+        return {"placement": self.pipeline.describe_cut(self.cut), "cut": self.cut, "threads": self.num_threads,
+                "prefetch": self.prefetch, "stages": self.placement, "fallbacks": list(self.fallbacks)}
 
     def _close_stream(self) -> None:
         if self._stream is not None:

@@ -465,6 +465,8 @@ class Scheduler:
             moved = [c for c in candidates if c.cut <= i]
             if not moved or not stage.runs_on(Backend.GPU):
                 reason = "CPU: runs only on the CPU"
+            elif m.resources.gpu is None:
+                reason = "CPU: no GPU on this machine"
             elif cost.gpu_s_per_sample is None:
                 reason = "CPU: no GPU cost was measured"
             elif res.gpu is None:

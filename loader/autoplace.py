@@ -1,0 +1,107 @@
+"""``placement="auto"``: profile once, let the scheduler choose the cut, threads and prefetch depth, and
+re-plan from live readings (CPU and GPU use, the trainer's waits and steps) while the trainer runs."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+import torch
+
+from ..pipelines.spec import PipelineSpec
+from .devices import gpu_available
+from .monitors import NoGpu, NvmlGpuMonitor, PsutilCpuMonitor, WaitMonitor
+from .plan_report import plan_dict, plan_table
+from .profiler import Profile, profile
+from .scheduler import Measurements, Plan, Resources, Scheduler, trainer_load
+
+log = logging.getLogger("feedline")
+REPLAN_EVERY_S = 10.0
+
+
+class AutoPlacement:
+    def __init__(self, spec: PipelineSpec, batch_size: int, device: torch.device, cores: int, *,
+                 replan_every_s: float = REPLAN_EVERY_S, clock: Callable[[], float] = time.monotonic):
+        on_gpu = device.type == "cuda" and gpu_available()
+        # Without a GPU every GPU cut is ruled out by the readings (and says so); with one, batches wanted on
+        # the CPU keep the whole pipeline there.
+        cuts = [spec.all_cpu] if gpu_available() and not on_gpu else spec.valid_cuts()
+        self.spec = spec
+        self.batch_size = batch_size
+        self.device = device
+        self.scheduler = Scheduler(spec, cuts, batch_size=batch_size, output_device="gpu" if on_gpu else "cpu",
+                                   max_threads=cores, clock=clock)
+        self.cpu = PsutilCpuMonitor()
+        self.gpu = NvmlGpuMonitor.create(device.index or 0) if on_gpu else NoGpu("batches are delivered on the CPU"
+                                                                                 if gpu_available() else "no GPU")
+        self.wait = WaitMonitor()
+        self.replan_every_s = replan_every_s
+        self.profile: Profile | None = None
+        self.last: Measurements | None = None
+        self._clock = clock
+        self._since = clock()
+        self._samples = 0
+
+    @property
+    def plan(self) -> Plan | None:
+        return self.scheduler.current
+
+    def start(self) -> Plan:
+        """Profile the pipeline and choose the first plan."""
+        self.profile = profile(self.spec, self.batch_size, device=self.device)
+        self.last = self._measurements(None)
+        plan = self.scheduler.update(self.last)
+        log.info("feedline: %s auto placement (profiled in %.1f s):\n%s", self.spec.name, self.profile.seconds,
+                 plan_table(plan, self.last))
+        self._restart_window()
+        return plan
+
+    def _measurements(self, samples_per_s: float | None) -> Measurements:
+        cpu = self.cpu.sample()
+        gpu = self.gpu.sample()
+        plan = self.scheduler.current
+        if plan is not None and samples_per_s:
+            cores_busy, gpu_busy = trainer_load(cpu.process_cores_busy, gpu, plan, samples_per_s)
+        else:
+            cores_busy, gpu_busy = 0.0, (gpu.utilization if gpu is not None else 0.0)
+        resources = Resources(cores=cpu.cores, trainer_cpu_cores_busy=cores_busy, gpu=gpu,
+                              trainer_gpu_busy_fraction=gpu_busy, h2d_bytes_per_s=self.profile.h2d_bytes_per_s)
+        wait = self.wait.sample()
+        return Measurements(self.profile.costs, self.profile.source_bytes_per_sample, resources,
+                            wait if wait.batches else None, samples_per_s)
+
+    def _restart_window(self) -> None:
+        self._since, self._samples = self._clock(), 0
+        self.wait.reset()
+
+    def delivered(self, samples: int) -> Plan | None:
+        """Count a delivered batch; every ``replan_every_s`` ask the scheduler, and return a new plan to move to."""
+        self._samples += samples
+        elapsed = self._clock() - self._since
+        if elapsed < self.replan_every_s:
+            return None
+        self.last = self._measurements(self._samples / elapsed if elapsed > 0 else None)
+        before = self.scheduler.current
+        plan = self.scheduler.update(self.last)
+        self._since, self._samples = self._clock(), 0
+        if plan is None or (before is not None and (plan.cut, plan.threads, plan.prefetch) ==
+                            (before.cut, before.threads, before.prefetch)):
+            return None
+        log.info("feedline: %s re-planned: %s -> %s (%s)", self.spec.name, before.placement if before else "-",
+                 plan.placement, self.scheduler.history[-1].reason)
+        return plan
+
+    def moved(self) -> None:
+        """The Loader applied a plan: readings from the old one must not count for the new."""
+        self._restart_window()
+
+    def report(self) -> dict[str, Any]:
+        plan = self.scheduler.current
+        if plan is None:
+            return {"placement": "auto", "status": "not profiled yet (profiling runs at the first iteration)"}
+        out = plan_dict(plan, self.last)
+        out["profile_seconds"] = self.profile.seconds
+        out["history"] = [{"time": m.time, "from": m.old.placement if m.old else None, "to": m.new.placement,
+                           "threads": m.new.threads, "prefetch": m.new.prefetch, "reason": m.reason}
+                          for m in self.scheduler.history]
+        return out
