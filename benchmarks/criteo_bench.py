@@ -73,21 +73,34 @@ def _time_loader(loader: Loader, batches: int | None, device: str) -> tuple[int,
     return rows, time.perf_counter() - began
 
 
-def _time_baseline(path: str, batch_size: int, nrows: int | None) -> tuple[int, float]:
+def pandas_features(path: str, nrows: int | None = None, table_size: int | None = TABLE_SIZE
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The baseline's features, as a user writes them with pandas today: ``read_csv`` (hex ids read as Python
+    strings: ``object`` is what ``.map`` walks fastest), per categorical column ``fillna`` + ``.map(int(x, 16))``
+    + ``% table_size`` (None: the ids themselves; a missing id is ``int("-1", 16)``, which is feedline's
+    ``MISSING_ID``), and ``log1p`` of the dense columns with missing values as 0 and negatives clipped to 0.
+    Returns float32 ``label`` [N], float32 ``dense`` [N, 13] and int64 ``ids`` [N, 26]."""
     import pandas as pd
 
-    began = time.perf_counter()
     names = ["label", *DENSE_NAMES, *CATEGORICAL_NAMES]
-    df = pd.read_csv(path, sep="\t", header=None, names=names, nrows=nrows)
+    df = pd.read_csv(path, sep="\t", header=None, names=names, nrows=nrows,
+                     dtype={name: object for name in CATEGORICAL_NAMES})
     for name in CATEGORICAL_NAMES:
-        df[name] = df[name].fillna("-1").map(lambda x: int(x, 16) % TABLE_SIZE)
+        ids = df[name].fillna("-1").map(lambda x: int(x, 16))
+        df[name] = ids if table_size is None else ids % table_size
     dense = np.log1p(df[list(DENSE_NAMES)].fillna(0).clip(lower=0).to_numpy(dtype=np.float32))
     ids = df[list(CATEGORICAL_NAMES)].to_numpy(dtype=np.int64)
     label = df["label"].to_numpy(dtype=np.float32)
-    for start in range(0, len(df), batch_size):
+    return label, dense, ids
+
+
+def _time_baseline(path: str, batch_size: int, nrows: int | None) -> tuple[int, float]:
+    began = time.perf_counter()
+    label, dense, ids = pandas_features(path, nrows)
+    for start in range(0, len(label), batch_size):
         rows = slice(start, start + batch_size)
         values = torch.from_numpy(np.ascontiguousarray(ids[rows].T).reshape(-1))
         lengths = torch.ones(values.numel(), dtype=torch.int32)
         _ = (torch.from_numpy(label[rows]), torch.from_numpy(dense[rows]), values, lengths,
              torch.arange(values.numel() + 1, dtype=torch.int64))
-    return len(df), time.perf_counter() - began
+    return len(label), time.perf_counter() - began

@@ -174,6 +174,10 @@ class ParsedLines:
     lines: np.ndarray
     bad: np.ndarray
     _explain: object
+    # With ``by_row``: per column kind, its columns' values and missing flags as [lines, columns of the kind]
+    # row-major blocks (columns in declaration order), instead of ``values``/``missing`` (left empty).
+    blocks: dict = None
+    empty: dict = None
 
     def reason(self, line: int) -> str:
         return self._explain(line)
@@ -191,10 +195,11 @@ _PARSERS = {ColumnKind.INT: (parse_decimal, "a decimal integer"), ColumnKind.HEX
 
 
 def parse_lines(buf: np.ndarray, n: int, columns: tuple[Column, ...], *, check: bool = True,
-                convert: bool = True) -> ParsedLines:
+                convert: bool = True, by_row: bool = False) -> ParsedLines:
     """Parse a line buffer holding ``n`` lines of ``len(columns)`` tab-separated fields. Without ``check``
     the fields are trusted to be well formed (they were checked when the file was opened); without
-    ``convert`` only the checks run and the values are meaningless."""
+    ``convert`` only the checks run and the values are meaningless. With ``by_row`` the values come as one
+    row-major block per column kind (``ParsedLines.blocks``/``empty``), as parsed, without transposing."""
     num_fields = len(columns)
     sep = np.flatnonzero(buf[PAD:] < 0x20)
     sep += PAD
@@ -222,6 +227,8 @@ def parse_lines(buf: np.ndarray, n: int, columns: tuple[Column, ...], *, check: 
 
     values: dict[str, np.ndarray] = {}
     missing: dict[str, np.ndarray] = {}
+    blocks: dict = {} if by_row else None
+    empties: dict = {} if by_row else None
     bad = np.ones(n, dtype=bool)
     bad[lines] = False
     codes: list[tuple[list[int], np.ndarray]] = []  # per kind: its columns, and [lines, columns] status codes
@@ -231,17 +238,20 @@ def parse_lines(buf: np.ndarray, n: int, columns: tuple[Column, ...], *, check: 
             continue
         s, e = _columns(starts, idx), _columns(ends, idx)
         v, code = parse(buf, s, e, check, convert)
-        # One transposed copy per kind, so that every column comes out contiguous.
-        v = np.ascontiguousarray(v.reshape(-1, len(idx)).T)
-        empty = np.ascontiguousarray((s == e).reshape(-1, len(idx)).T)
-        for k, j in enumerate(idx):
-            values[columns[j].name] = v[k]
-            missing[columns[j].name] = empty[k]
+        v = v.reshape(-1, len(idx))
+        empty = (s == e).reshape(-1, len(idx))
+        if by_row:
+            blocks[kind], empties[kind] = v, empty
+        else:  # one transposed copy per kind, so that every column comes out contiguous
+            v, empty_t = np.ascontiguousarray(v.T), np.ascontiguousarray(empty.T)
+            for k, j in enumerate(idx):
+                values[columns[j].name] = v[k]
+                missing[columns[j].name] = empty_t[k]
         if check:
             code = code.reshape(-1, len(idx))
             for k, j in enumerate(idx):
                 if columns[j].required:
-                    code[:, k][empty[k]] = EMPTY
+                    code[:, k][empty[:, k]] = EMPTY
             bad[lines[np.flatnonzero(code) // len(idx)]] = True
             codes.append((idx, code))
 
@@ -263,4 +273,4 @@ def parse_lines(buf: np.ndarray, n: int, columns: tuple[Column, ...], *, check: 
                    EMPTY: "is empty, and a value is required"}[status[j]]
         return f"column {col.name} (field {j + 1}): {message}"
 
-    return ParsedLines(values, missing, lines, bad, explain)
+    return ParsedLines(values, missing, lines, bad, explain, blocks, empties)
