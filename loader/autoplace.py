@@ -17,6 +17,8 @@ from .scheduler import Measurements, Plan, Resources, Scheduler, trainer_load
 
 log = logging.getLogger("feedline")
 REPLAN_EVERY_S = 10.0
+MEASURED_MARGIN = 0.05  # a measured difference smaller than this is noise
+PROBE_SEED = 12345
 
 
 class AutoPlacement:
@@ -37,6 +39,7 @@ class AutoPlacement:
         self.wait = WaitMonitor()
         self.replan_every_s = replan_every_s
         self.profile: Profile | None = None
+        self.thread_check: dict[int, float] = {}
         self.last: Measurements | None = None
         self._clock = clock
         self._since = clock()
@@ -47,14 +50,55 @@ class AutoPlacement:
         return self.scheduler.current
 
     def start(self) -> Plan:
-        """Profile the pipeline and choose the first plan."""
+        """Profile the pipeline, choose the first plan, and check its thread count by measuring."""
         self.profile = profile(self.spec, self.batch_size, device=self.device)
         self.last = self._measurements(None)
         plan = self.scheduler.update(self.last)
+        plan = self._check_threads(plan)
         log.info("feedline: %s auto placement (profiled in %.1f s):\n%s", self.spec.name, self.profile.seconds,
                  plan_table(plan, self.last))
         self._restart_window()
         return plan
+
+    def _check_threads(self, plan: Plan) -> Plan:
+        """The model counts cores, not what oversubscribing them costs: the consumer thread (host and torch
+        stages) competes with the worker threads. Measure the chosen thread count against one fewer and keep
+        the faster; fewer threads winning by more than the noise also caps later re-plans."""
+        if plan.threads <= 1:
+            return plan
+        fewer = plan.threads - 1
+        rates = {t: self._measure(plan.cut, t) for t in (plan.threads, fewer)}
+        self.thread_check = rates
+        if rates[fewer] <= rates[plan.threads] * (1 + MEASURED_MARGIN):
+            return plan
+        self.scheduler.max_threads = fewer
+        return self.scheduler.adopt(plan.cut, fewer, self.last, reason=(
+            f"measured {rates[fewer]:.0f} samples/s with {fewer} threads against {rates[plan.threads]:.0f} with "
+            f"{plan.threads}: the consumer thread needs a core too"))
+
+    def _measure(self, cut: int, threads: int, batches: int = 3) -> float:
+        from .loader import Loader
+
+        mapping = {s.name: b.value for s, b in zip(self.spec.stages, self.spec.backends_at(cut).values())}
+        loader = Loader(self.spec, self.batch_size, placement=mapping, device=self.device, num_threads=threads,
+                        shuffle=True, seed=PROBE_SEED, last_batch="drop")
+        stream = iter(loader)
+        try:
+            next(stream)
+            sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+            sync()
+            started = time.perf_counter()
+            samples = 0
+            for _ in range(batches):
+                batch = next(stream, None)
+                if batch is None:
+                    break
+                samples += len(batch["index"])
+            sync()
+            return samples / (time.perf_counter() - started)
+        finally:
+            stream.close()
+            loader.close()
 
     def _measurements(self, samples_per_s: float | None) -> Measurements:
         cpu = self.cpu.sample()
@@ -101,6 +145,7 @@ class AutoPlacement:
             return {"placement": "auto", "status": "not profiled yet (profiling runs at the first iteration)"}
         out = plan_dict(plan, self.last)
         out["profile_seconds"] = self.profile.seconds
+        out["thread_check_samples_per_s"] = {str(k): v for k, v in self.thread_check.items()}
         out["history"] = [{"time": m.time, "from": m.old.placement if m.old else None, "to": m.new.placement,
                            "threads": m.new.threads, "prefetch": m.new.prefetch, "reason": m.reason}
                           for m in self.scheduler.history]

@@ -74,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--baseline", choices=("torchvision", "pandas", "none"), default=None)
     bench.add_argument("--json", type=_json_path, metavar="PATH", help="also write the results as JSON")
     bench.add_argument("--no-progress", action="store_true")
+
+    plan = sub.add_parser("plan", help="profile a pipeline and show where each stage runs, and why")
+    plan.add_argument("--pipeline", choices=PIPELINES, required=True)
+    plan.add_argument("--data", type=_existing_path, required=True, help="dataset directory or file")
+    plan.add_argument("--batch-size", type=_positive_int, default=None)
+    plan.add_argument("--batches", type=_positive_int, default=None, help="batches timed for the measured rate")
+    plan.add_argument("--output", choices=("float", "uint8"), default="float", help="image output format")
+    plan.add_argument("--json", type=_json_path, metavar="PATH", help="also write the plan as JSON")
     return parser
 
 
@@ -84,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "make-data":
             result = _make_data(args)
+        elif args.command == "plan":
+            result = _plan(args)
+            if args.json:
+                Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+                print(f"wrote {args.json}")
+            return 0
         else:
             result = _bench(parser, args)
     except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as exc:
@@ -110,6 +124,8 @@ def _bench(parser: argparse.ArgumentParser, args) -> dict:
         return bench_hash()
     if args.data is None:
         parser.error(f"--pipeline {args.pipeline} needs --data (make one with `feedline make-data`)")
+    if args.placement == "auto":
+        return _bench_auto(args)
     if args.pipeline in IMAGE_PIPELINES:
         if args.baseline == "pandas":
             parser.error("--baseline pandas applies to --pipeline criteo; image pipelines compare with torchvision")
@@ -123,6 +139,53 @@ def _bench(parser: argparse.ArgumentParser, args) -> dict:
     from ..benchmarks.criteo_bench import bench_criteo
     return bench_criteo(args.data, batch_size=args.batch_size or 8192, batches=args.batches,
                         placement=args.placement, baseline=args.baseline != "none")
+
+
+def _spec(pipeline: str, data: str, output: str = "float"):
+    if pipeline == "criteo":
+        from ..pipelines.criteo import criteo
+        return criteo(data)
+    from ..pipelines import image
+    return (image.train if pipeline == "image-train" else image.val)(data, output=output)
+
+
+def _bench_auto(args) -> dict:
+    from ..benchmarks.placement_bench import bench_placements, dali_default_image_loader
+
+    spec = _spec(args.pipeline, args.data, args.output)
+    batch_size = args.batch_size or (8192 if args.pipeline == "criteo" else 64)
+    default = None
+    if args.pipeline in IMAGE_PIPELINES:
+        default = ("dali-default", dali_default_image_loader(spec, batch_size))
+    return bench_placements(spec, batch_size=batch_size, batches=args.batches or 20, default=default,
+                            progress=not args.no_progress)
+
+
+def _plan(args) -> dict:
+    import torch
+
+    from ..loader import Loader
+    from ..loader.devices import gpu_available
+    from ..loader.plan_report import plan_table
+    from ..benchmarks.placement_bench import _endless, _rate
+
+    spec = _spec(args.pipeline, args.data, args.output)
+    batch_size = args.batch_size or (8192 if args.pipeline == "criteo" else 64)
+    device = "cuda" if gpu_available() else "cpu"
+    loader = Loader(spec, batch_size, placement="auto", device=device, last_batch="drop")
+    stream = _endless(lambda: loader)
+    for _ in range(2):  # the first iteration profiles and places; then a warm-up batch
+        next(stream)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    measured = _rate(stream, args.batches or 10, sync)
+    auto = loader._auto
+    print(plan_table(auto.plan, auto.last, measured))
+    print(f"profiling  {auto.profile.seconds:.2f} s over {auto.profile.samples} samples")
+    stream.close()
+    report = loader.plan
+    report["measured_samples_per_s"] = measured
+    report["pipeline"] = spec.name
+    return report
 
 
 def format_table(result: dict) -> str:

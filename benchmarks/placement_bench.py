@@ -1,0 +1,142 @@
+"""`feedline bench --placement auto`: the auto placement against every static placement this machine can
+run (each valid cut, each thread count 1..cores) and the default configuration users start from, measured
+in the same run, in alternating rounds, each reporting its median round."""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Callable, Iterable
+
+import torch
+from tqdm import tqdm
+
+from ..loader import Loader
+from ..loader.devices import gpu_available
+from ..pipelines.image_files import ImageFiles
+from ..pipelines.spec import PipelineSpec
+from .image_baselines import batch_size_of
+
+EPOCH_FOR_SHARE = 10_000  # the profiling cost is stated as a share of an epoch of this many samples
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _endless(make: Callable[[], Iterable]) -> Iterable:
+    """Epoch after epoch; ``make`` gives one epoch's iterable (a Loader itself, or a fresh generator)."""
+    while True:
+        empty = True
+        for batch in make():
+            empty = False
+            yield batch
+        if empty:
+            raise RuntimeError("a loader under benchmark yielded an empty epoch")
+
+
+def _rate(stream, batches: int, sync: Callable[[], None]) -> float:
+    sync()
+    started = time.perf_counter()
+    samples = sum(batch_size_of(next(stream)) for _ in range(batches))
+    sync()
+    return samples / (time.perf_counter() - started)
+
+
+def bench_placements(spec: PipelineSpec, *, batch_size: int, batches: int = 20, rounds: int = 2,
+                     warmup: int = 2, default: tuple[str, Callable[[], Iterable]] | None = None,
+                     progress: bool = True) -> dict:
+    cores = _cores()
+    gpu = gpu_available()
+    device = "cuda" if gpu else "cpu"
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    contenders: dict[str, Callable[[], Iterable]] = {}
+    began = time.perf_counter()
+    auto = Loader(spec, batch_size, placement="auto", device=device, last_batch="drop")
+    contenders["auto"] = lambda: auto
+    for cut in (spec.valid_cuts() if gpu else [spec.all_cpu]):
+        for threads in range(1, cores + 1):
+            name = f"{spec.describe_cut(cut)}/{threads}t"
+            mapping = {s.name: b.value for s, b in zip(spec.stages, spec.backends_at(cut).values())}
+            loader = Loader(spec, batch_size, placement=mapping, device=device, num_threads=threads,
+                            last_batch="drop")
+            contenders[name] = (lambda l=loader: l)
+    if default is not None:
+        contenders[default[0]] = default[1]
+    streams = {name: _endless(make) for name, make in contenders.items()}
+    rates: dict[str, list[float]] = {name: [] for name in streams}
+    per_round = max(batches // rounds, 1)
+    with tqdm(total=len(streams) * (rounds + 1), desc="bench placements", unit="run", disable=not progress) as bar:
+        for name, stream in streams.items():
+            for _ in range(warmup):
+                next(stream)
+            bar.update(1)
+        setup_s = time.perf_counter() - began
+        for _ in range(rounds):
+            for name, stream in streams.items():
+                bar.set_description(f"bench {name}")
+                rates[name].append(_rate(stream, per_round, sync))
+                bar.update(1)
+    medians = {name: statistics.median(r) for name, r in rates.items()}
+    statics = {n: v for n, v in medians.items() if n != "auto" and (default is None or n != default[0])}
+    best = max(statics, key=statics.get)
+    profile_s = auto.plan.get("profile_seconds", 0.0)
+    result = {"pipeline": spec.name, "cores": cores, "batch_size": batch_size, "batches": per_round * rounds,
+              "auto_placement": auto.plan["placement"], "auto_threads": auto.plan["threads"],
+              "auto_prefetch": auto.plan["prefetch"],
+              "auto_samples_per_s": medians["auto"], "best_static_samples_per_s": medians[best],
+              "best_static_placement": best, "auto_vs_best_static": medians["auto"] / medians[best],
+              "profile_seconds": profile_s,
+              "profile_share_of_10k_epoch": profile_s / (EPOCH_FOR_SHARE / medians["auto"]),
+              "setup_seconds": setup_s,
+              "static_samples_per_s": statics}
+    if default is not None:
+        result["default"] = default[0]
+        result["default_samples_per_s"] = medians[default[0]]
+        result["auto_vs_default"] = medians["auto"] / medians[default[0]]
+    for stream in streams.values():
+        stream.close()
+    return result
+
+
+def dali_default_image_loader(spec: PipelineSpec, batch_size: int) -> Callable[[], Iterable]:
+    """The configuration a DALI user starts from: file reader, fused random-crop decode, resize and
+    crop_mirror_normalize on DALI's CPU backend with one thread per core, through DALI's PyTorch iterator."""
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    from ..pipelines.image import ImageOutput
+
+    if not isinstance(spec.source, ImageFiles):
+        raise TypeError("dali_default_image_loader needs an image pipeline")
+    params = {s.name: s.params for s in spec.stages}
+    norm = params["normalize"]
+    train = spec.name == "image-train"
+    size = params["resize"]["size"][0] if train else norm["crop"][0]
+    uint8 = norm["output"] is ImageOutput.UINT8_NHWC
+
+    @pipeline_def(batch_size=batch_size, num_threads=_cores(), device_id=None, seed=0)
+    def default_pipeline():
+        jpegs, labels = fn.readers.file(files=list(spec.source.paths), labels=spec.source.labels.tolist(),
+                                        random_shuffle=train, name="reader")
+        if train:
+            images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
+            images = fn.resize(images, resize_x=size, resize_y=size)
+            mirror = fn.random.coin_flip()
+        else:
+            images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+            images = fn.resize(images, resize_shorter=params["geometry"]["resize_size"])
+            mirror = 0
+        if uint8:
+            images = fn.crop_mirror_normalize(images, crop=(size, size), mirror=mirror, dtype=types.UINT8,
+                                              output_layout="HWC")
+        else:
+            images = fn.crop_mirror_normalize(images, crop=(size, size), mirror=mirror, dtype=types.FLOAT,
+                                              output_layout="CHW", mean=[255 * m for m in norm["mean"]],
+                                              std=[255 * s for s in norm["std"]])
+        return images, labels
+
+    pipe = default_pipeline()
+    iterator = DALIGenericIterator(pipe, ["image", "label"], reader_name="reader",
+                                   last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)
+    return lambda: ({"image": b[0]["image"], "label": b[0]["label"]} for b in iterator)
