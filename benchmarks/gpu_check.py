@@ -26,9 +26,45 @@ TIME_BUDGET_S = 100.0
 START = time.perf_counter()
 
 
-def scheduler_section() -> dict:
-    """The scheduler's placement on this machine (filled in by the loader's owner)."""
-    return {}
+def import_feedline(subpackage: str) -> types.ModuleType:
+    """feedline.<subpackage> as installed, else from this repository (with the packages it imports)."""
+    try:
+        return importlib.import_module(f"feedline.{subpackage}")
+    except ImportError:
+        for name in ("pipelines", "ops", "loader", "benchmarks"):
+            if f"feedline.{name}" not in sys.modules:
+                load_from_tree(ROOT, name)
+        return sys.modules[f"feedline.{subpackage}"]
+
+
+def scheduler_section(rows: int = 200_000, batch_size: int = 8192) -> dict:
+    """The scheduler's measured inputs and decision on this machine, for the Criteo pipeline (which needs no
+    DALI): per-stage costs on CPU and GPU, bytes, bandwidth, readings and the chosen plan, as a recorded
+    profile that tests can replay."""
+    import dataclasses
+    import os
+    import tempfile
+
+    import torch
+
+    import_feedline("loader")
+    from feedline.benchmarks.data.criteo import make_criteo
+    from feedline.loader.autoplace import AutoPlacement
+    from feedline.pipelines.criteo import criteo
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "criteo.tsv")
+        make_criteo(path, rows=rows, seed=0, format="tsv")
+        auto = AutoPlacement(criteo(path), batch_size, device, cores)
+        auto.start()
+        report = auto.report()
+    return {"pipeline": "criteo", "rows": rows, "batch_size": batch_size, "device": str(device),
+            "costs": [dataclasses.asdict(c) for c in auto.profile.costs],
+            "source_bytes_per_sample": auto.profile.source_bytes_per_sample,
+            "h2d_bytes_per_s": auto.profile.h2d_bytes_per_s, "profile_seconds": auto.profile.seconds,
+            "decision": report}
 
 
 def import_ops() -> types.ModuleType:
@@ -288,7 +324,7 @@ def run_check() -> dict:
     doc = {"gpu": False, "python": platform.python_version(), "numpy": np.__version__}
     reason = gpu_unavailable_reason()
     if reason is not None:
-        doc.update(reason=reason, scheduler=scheduler_section())
+        doc.update(reason=reason, scheduler=guarded(scheduler_section))
         return doc
     ops = import_ops()
     doc["gpu"] = True

@@ -63,6 +63,14 @@ def test_kernel_checks_pass_on_emulated_gpu(gpu):  # noqa: F811
     json.dumps(results)
 
 
-def test_scheduler_hook_is_a_dict():
-    assert load_script().scheduler_section() == {}
+def test_scheduler_section_records_costs_and_a_decision():
+    section = load_script().scheduler_section(rows=20_000, batch_size=2048)
+    stages = [c["stage"] for c in section["costs"]]
+    assert stages[0] == "parse" and "hash" in stages
+    assert all(c["cpu_s_per_sample"] > 0 for c in section["costs"])
+    decision = section["decision"]
+    assert [s["stage"] for s in decision["stages"]] == stages
+    assert decision["history"][0]["reason"] == "initial plan"
+    if section["device"] == "cpu":
+        assert decision["placement"] == "cpu" and all(c["gpu_s_per_sample"] is None for c in section["costs"])
 
