@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 from typing import Iterable
 
 from tqdm import tqdm
@@ -12,6 +13,11 @@ from tqdm import tqdm
 from ..loader import Loader
 from ..pipelines import image
 from . import image_baselines
+
+
+# Both loaders read ahead in the background (DataLoader workers, DALI's prefetch queue); after a switch the
+# idle one refills its queue, which would steal cores from the one being timed.
+SETTLE_S = 1.5
 
 
 def _cores() -> int:
@@ -27,7 +33,7 @@ def _endless(loader: Iterable, bar: tqdm):
 
 
 def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "cpu", batch_size: int = 64,
-                batches: int = 30, warmup: int = 4, rounds: int = 3, output: str = "float",
+                batches: int = 30, warmup: int = 4, rounds: int = 5, output: str = "float",
                 baseline: str | None = "torchvision", bound: bool = True, progress: bool = True) -> dict:
     if pipeline not in ("image-train", "image-val"):
         raise ValueError(f"pipeline must be 'image-train' or 'image-val', got {pipeline!r}")
@@ -42,7 +48,7 @@ def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "c
     if baseline:
         contenders["baseline"] = _torchvision(pipeline, output)(data, batch_size, cores)
     rates: dict[str, list[float]] = {name: [] for name in contenders}
-    total = len(contenders) * (warmup + per_round * rounds)
+    total = len(contenders) * (warmup + (per_round + 1) * rounds)
     with tqdm(total=total, desc=f"bench {pipeline}", unit="batch", disable=not progress) as bar:
         streams = {name: _endless(loader, bar) for name, loader in contenders.items()}
         for name, stream in streams.items():
@@ -50,7 +56,8 @@ def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "c
         for _ in range(rounds):
             for name, stream in streams.items():
                 bar.set_description(f"bench {name}")
-                rates[name].append(image_baselines.measure_loader(lambda: stream, per_round, 0)["samples_per_s"])
+                time.sleep(SETTLE_S)  # let the other loader's workers finish refilling their queues
+                rates[name].append(image_baselines.measure_loader(lambda: stream, per_round, 1)["samples_per_s"])
         for stream in streams.values():
             stream.close()
     feedline = contenders["feedline"]

@@ -17,7 +17,8 @@ from ..pipelines.image_files import ImageFiles
 from ..pipelines.spec import PipelineSpec
 from .image_baselines import batch_size_of
 
-EPOCH_FOR_SHARE = 10_000  # the profiling cost is stated as a share of an epoch of this many samples
+EPOCH_FOR_SHARE = 10_000
+SETTLE_S = 1.0  # the profiling cost is stated as a share of an epoch of this many samples
 
 
 def _cores() -> int:
@@ -75,12 +76,14 @@ def bench_placements(spec: PipelineSpec, *, batch_size: int, batches: int = 20, 
         for _ in range(rounds):
             for name, stream in streams.items():
                 bar.set_description(f"bench {name}")
+                time.sleep(SETTLE_S)  # let the other loaders finish refilling their read-ahead queues
+                next(stream)
                 rates[name].append(_rate(stream, per_round, sync))
                 bar.update(1)
     medians = {name: statistics.median(r) for name, r in rates.items()}
     statics = {n: v for n, v in medians.items() if n != "auto" and (default is None or n != default[0])}
     best = max(statics, key=statics.get)
-    profile_s = auto.plan.get("profile_seconds", 0.0)
+    profile_s = auto.plan.get("start_seconds", 0.0)  # profiling plus the measured thread check
     result = {"pipeline": spec.name, "cores": cores, "batch_size": batch_size, "batches": per_round * rounds,
               "auto_placement": auto.plan["placement"], "auto_threads": auto.plan["threads"],
               "auto_prefetch": auto.plan["prefetch"],

@@ -18,6 +18,8 @@ from .scheduler import Measurements, Plan, Resources, Scheduler, trainer_load
 log = logging.getLogger("feedline")
 REPLAN_EVERY_S = 10.0
 MEASURED_MARGIN = 0.05  # a measured difference smaller than this is noise
+CHECK_ROUNDS = 2
+CHECK_SECONDS = 0.3
 PROBE_SEED = 12345
 
 
@@ -40,6 +42,7 @@ class AutoPlacement:
         self.replan_every_s = replan_every_s
         self.profile: Profile | None = None
         self.thread_check: dict[int, float] = {}
+        self.start_seconds = 0.0  # profiling plus the measured thread check
         self.last: Measurements | None = None
         self._clock = clock
         self._since = clock()
@@ -51,10 +54,12 @@ class AutoPlacement:
 
     def start(self) -> Plan:
         """Profile the pipeline, choose the first plan, and check its thread count by measuring."""
+        started = time.perf_counter()
         self.profile = profile(self.spec, self.batch_size, device=self.device)
         self.last = self._measurements(None)
         plan = self.scheduler.update(self.last)
         plan = self._check_threads(plan)
+        self.start_seconds = time.perf_counter() - started
         log.info("feedline: %s auto placement (profiled in %.1f s):\n%s", self.spec.name, self.profile.seconds,
                  plan_table(plan, self.last))
         self._restart_window()
@@ -62,43 +67,37 @@ class AutoPlacement:
 
     def _check_threads(self, plan: Plan) -> Plan:
         """The model counts cores, not what oversubscribing them costs: the consumer thread (host and torch
-        stages) competes with the worker threads. Measure the chosen thread count against one fewer and keep
-        the faster; fewer threads winning by more than the noise also caps later re-plans."""
+        stages) competes with the worker threads. Measure the chosen thread count against one fewer, in
+        alternating rounds, and keep the faster; fewer threads winning by more than the noise also caps later
+        re-plans."""
         if plan.threads <= 1:
             return plan
         fewer = plan.threads - 1
-        rates = {t: self._measure(plan.cut, t) for t in (plan.threads, fewer)}
-        self.thread_check = rates
-        if rates[fewer] <= rates[plan.threads] * (1 + MEASURED_MARGIN):
+        probes = {t: self._probe(plan.cut, t) for t in (plan.threads, fewer)}
+        rates: dict[int, list[float]] = {t: [] for t in probes}
+        try:
+            for _ in range(CHECK_ROUNDS):
+                for t, probe in probes.items():
+                    rates[t].append(probe())
+        finally:
+            for probe in probes.values():
+                probe.close()
+        best = {t: max(r) for t, r in rates.items()}
+        self.thread_check = best
+        if best[fewer] <= best[plan.threads] * (1 + MEASURED_MARGIN):
             return plan
         self.scheduler.max_threads = fewer
         return self.scheduler.adopt(plan.cut, fewer, self.last, reason=(
-            f"measured {rates[fewer]:.0f} samples/s with {fewer} threads against {rates[plan.threads]:.0f} with "
+            f"measured {best[fewer]:.0f} samples/s with {fewer} threads against {best[plan.threads]:.0f} with "
             f"{plan.threads}: the consumer thread needs a core too"))
 
-    def _measure(self, cut: int, threads: int, batches: int = 3) -> float:
+    def _probe(self, cut: int, threads: int) -> "_Probe":
         from .loader import Loader
 
         mapping = {s.name: b.value for s, b in zip(self.spec.stages, self.spec.backends_at(cut).values())}
         loader = Loader(self.spec, self.batch_size, placement=mapping, device=self.device, num_threads=threads,
                         shuffle=True, seed=PROBE_SEED, last_batch="drop")
-        stream = iter(loader)
-        try:
-            next(stream)
-            sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
-            sync()
-            started = time.perf_counter()
-            samples = 0
-            for _ in range(batches):
-                batch = next(stream, None)
-                if batch is None:
-                    break
-                samples += len(batch["index"])
-            sync()
-            return samples / (time.perf_counter() - started)
-        finally:
-            stream.close()
-            loader.close()
+        return _Probe(loader, self.device)
 
     def _measurements(self, samples_per_s: float | None) -> Measurements:
         cpu = self.cpu.sample()
@@ -145,8 +144,36 @@ class AutoPlacement:
             return {"placement": "auto", "status": "not profiled yet (profiling runs at the first iteration)"}
         out = plan_dict(plan, self.last)
         out["profile_seconds"] = self.profile.seconds
+        out["start_seconds"] = self.start_seconds
         out["thread_check_samples_per_s"] = {str(k): v for k, v in self.thread_check.items()}
         out["history"] = [{"time": m.time, "from": m.old.placement if m.old else None, "to": m.new.placement,
                            "threads": m.new.threads, "prefetch": m.new.prefetch, "reason": m.reason}
                           for m in self.scheduler.history]
         return out
+
+
+class _Probe:
+    """Times one placement on batches outside the trainer's epochs: each call runs at least CHECK_SECONDS."""
+
+    def __init__(self, loader, device: torch.device):
+        self.loader = loader
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.stream = self._endless()
+        next(self.stream)  # build and warm up
+
+    def _endless(self):
+        while True:
+            yield from self.loader
+
+    def __call__(self) -> float:
+        self.sync()
+        started = time.perf_counter()
+        samples = 0
+        while time.perf_counter() - started < CHECK_SECONDS or samples == 0:
+            samples += len(next(self.stream)["index"])
+        self.sync()
+        return samples / (time.perf_counter() - started)
+
+    def close(self) -> None:
+        self.stream.close()
+        self.loader.close()
