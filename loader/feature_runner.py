@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
@@ -25,6 +26,7 @@ from .errors import PlacementError
 from .sampler import BatchPlan
 
 MAX_PREFETCH = 64
+_THREAD_PREFIX = "feedline-features"
 _ALIGN = 16
 
 
@@ -71,7 +73,7 @@ class FeatureRunner:
     def batches(self, plans: Iterator[BatchPlan]) -> Iterator[dict[str, Any]]:
         plans = iter(plans)
         depth = max(self.prefetch, self.num_threads)
-        pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="feedline-features")
+        pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix=_THREAD_PREFIX)
         pending: deque = deque()
         try:
             while True:
@@ -95,7 +97,10 @@ class FeatureRunner:
         finally:
             for _, future in pending:
                 future.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
+            # The generator may be finalised by the garbage collector on one of the pool's own threads,
+            # which cannot join itself.
+            inside = threading.current_thread().name.startswith(_THREAD_PREFIX)
+            pool.shutdown(wait=not inside, cancel_futures=True)
 
     def _host_part(self, plan: BatchPlan):
         data = {"indices": plan.indices}
