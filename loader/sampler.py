@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..pipelines.choices import parse_enum
+
 STATE_VERSION = 1
 
 
@@ -111,9 +113,4 @@ class EpochSampler:
 
 
 def parse_last_batch(value: LastBatch | str) -> LastBatch:
-    if isinstance(value, LastBatch):
-        return value
-    try:
-        return LastBatch(value)
-    except ValueError:
-        raise ValueError(f"last_batch must be one of {[m.value for m in LastBatch]}, got {value!r}") from None
+    return parse_enum(LastBatch, "last_batch", value)

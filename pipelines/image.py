@@ -10,6 +10,7 @@ import enum
 import os
 from dataclasses import dataclass
 
+from .choices import parse_enum
 from .image_files import image_files
 from .spec import PipelineSpec
 from .stage import Backend, Stage
@@ -94,12 +95,7 @@ def _range(name: str, value: object, low: float, high: float | None) -> tuple[fl
 
 
 def _output(value: ImageOutput | str) -> ImageOutput:
-    if isinstance(value, ImageOutput):
-        return value
-    try:
-        return ImageOutput(value)
-    except ValueError:
-        raise ValueError(f"output must be one of {[o.value for o in ImageOutput]}, got {value!r}") from None
+    return parse_enum(ImageOutput, "output", value)
 
 
 def _check_normalize(normalize: Normalize) -> None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import enum
 
+from .choices import parse_enum
+
 
 class OnError(enum.Enum):
     """RAISE: stop at the first bad sample with a DataError naming the file (and line). SKIP: leave it out,
@@ -13,9 +15,4 @@ class OnError(enum.Enum):
 
 
 def parse_on_error(value: OnError | str) -> OnError:
-    if isinstance(value, OnError):
-        return value
-    try:
-        return OnError(value)
-    except ValueError:
-        raise ValueError(f"on_error must be 'raise' or 'skip', got {value!r}") from None
+    return parse_enum(OnError, "on_error", value)

@@ -34,6 +34,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
+from .choices import parse_enum
 from .on_error import OnError
 from .spec import PipelineSpec
 from .stage import Backend, Stage
@@ -87,15 +88,6 @@ def _finite(owner: str, field_name: str, value: object) -> float:
     return float(value)
 
 
-def _enum(enum_type: type[enum.Enum], field_name: str, value: object) -> enum.Enum:
-    if isinstance(value, enum_type):
-        return value
-    try:
-        return enum_type(value)
-    except ValueError:
-        raise ValueError(f"{field_name} must be one of {[m.value for m in enum_type]}, got {value!r}") from None
-
-
 @dataclass(frozen=True)
 class Column:
     """One column of the files. ``required``: an empty value makes the row bad (set for the label)."""
@@ -106,7 +98,7 @@ class Column:
 
     def __post_init__(self) -> None:
         _name("Column", "name", self.name)
-        object.__setattr__(self, "kind", _enum(ColumnKind, "Column.kind", self.kind))
+        object.__setattr__(self, "kind", parse_enum(ColumnKind, "Column.kind", self.kind))
         if not isinstance(self.required, bool):
             raise TypeError(f"Column.required must be True or False, got {self.required!r}")
 
@@ -128,8 +120,8 @@ class TabularFiles:
             if not isinstance(p, (str, os.PathLike)):
                 raise TypeError(f"TabularFiles.paths must hold paths, got {type(p).__name__} {p!r}")
         object.__setattr__(self, "paths", tuple(os.fspath(p) for p in paths))
-        object.__setattr__(self, "format", _enum(FileFormat, "TabularFiles.format", self.format))
-        object.__setattr__(self, "on_error", _enum(OnError, "TabularFiles.on_error", self.on_error))
+        object.__setattr__(self, "format", parse_enum(FileFormat, "TabularFiles.format", self.format))
+        object.__setattr__(self, "on_error", parse_enum(OnError, "TabularFiles.on_error", self.on_error))
         if not isinstance(self.columns, Sequence) or not self.columns:
             raise TypeError(f"TabularFiles.columns must be a non-empty sequence of Column, got {self.columns!r}")
         for c in self.columns:

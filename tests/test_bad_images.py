@@ -107,5 +107,5 @@ def test_resume_after_a_skip_gives_the_same_batches(tmp_path):
 
 
 def test_on_error_must_be_raise_or_skip(image_dir):
-    with pytest.raises(ValueError, match="on_error must be 'raise' or 'skip'"):
+    with pytest.raises(ValueError, match=r"on_error must be one of \['raise', 'skip'\]"):
         Loader(image.val(image_dir), batch_size=2, on_error="ignore")
