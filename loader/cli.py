@@ -127,7 +127,7 @@ def _bench(parser: argparse.ArgumentParser, args) -> dict:
             parser.error("--baseline pandas applies to --pipeline criteo; image pipelines compare with torchvision")
         from ..benchmarks.image_bench import bench_image
         return bench_image(args.data, pipeline=args.pipeline, placement=args.placement,
-                           batch_size=args.batch_size or 64, batches=args.batches or 30, output=args.output,
+                           batch_size=args.batch_size or 64, batches=args.batches or 75, output=args.output,
                            baseline=None if args.baseline == "none" else "torchvision",
                            progress=not args.no_progress)
     if args.baseline == "torchvision":
