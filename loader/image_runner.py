@@ -23,6 +23,7 @@ from ..pipelines.image import ImageOutput
 from ..pipelines.image_files import ImageFiles
 from ..pipelines.spec import PipelineSpec
 from . import dali_graph
+from .buffers import BufferRing
 from .errors import DataError, OnError, Skipped
 from .image_headers import DEFAULT_MAX_PIXELS, displayed_size, read_bytes
 from .image_torch_ops import Finish, one_thread, resize
@@ -110,6 +111,7 @@ class ImageRunner:
         self._undecodable: dict[int, DataError] = {}
         self.stage_seconds: dict[str, float] | None = None  # thread seconds per host/torch stage, when profiling
         self._sizes = np.full((self.num_samples, 2), -1, dtype=np.int64)  # header sizes, read once
+        self._outputs = BufferRing(capacity=prefetch + 2)
         self._pipe = None
         self._fresh = True
         self._queue = SampleQueue(iter(()))
@@ -292,7 +294,10 @@ class ImageRunner:
         height, width = self.size[1], self.size[0]
         tail_on_gpu = self.engines["normalize"] == "torch:cuda"
         stage = self.staging if tail_on_gpu else self.finish
-        out = stage.allocate(len(images), height, width, pin=self.device.type == "cuda")
+        if self.device.type == "cuda":
+            out = stage.allocate(len(images), height, width, pin=True)  # torch caches pinned blocks itself
+        else:
+            out = self._outputs.empty(*stage.layout(len(images), height, width))
         clock = self.stage_seconds is not None
         with one_thread():
             for i in range(len(images)):

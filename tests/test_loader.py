@@ -205,3 +205,22 @@ def test_file_deleted_after_listing(tmp_path):
     with pytest.raises(DataError, match="not found") as info:
         list(Loader(spec, batch_size=2, shuffle=False, placement="cpu"))
     assert str(paths[2]) in str(info.value)
+
+
+def test_batches_a_trainer_keeps_stay_intact(small_train):
+    """Output buffers are reused only once the trainer lets go of them: kept batches are never overwritten."""
+    spec = image.train(small_train.source.origin, size=32)
+    copies = [(b["index"].clone(), b["image"].clone()) for b in Loader(spec, batch_size=4, seed=1, placement="cpu")]
+    kept = list(Loader(spec, batch_size=4, seed=1, placement="cpu"))
+    views = [b["image"][0] for b in Loader(spec, batch_size=4, seed=1, placement="cpu")]
+    for (index, image_copy), batch, view in zip(copies, kept, views):
+        assert torch.equal(batch["index"], index) and torch.equal(batch["image"], image_copy)
+        assert torch.equal(view, image_copy[0])
+
+
+def test_dropped_batches_are_reused(small_train):
+    spec = image.train(small_train.source.origin, size=32)
+    loader = Loader(spec, batch_size=4, seed=1, placement="cpu")
+    for _ in loader:
+        pass
+    assert loader._runner._outputs.reused > 0
