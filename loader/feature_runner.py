@@ -30,6 +30,15 @@ _THREAD_PREFIX = "feedline-features"
 _ALIGN = 16
 
 
+def _may_join() -> bool:
+    """Whether this thread may wait for a pool's workers. A stream dropped in a reference cycle is closed by
+    the garbage collector on whatever thread runs it: one of the pool's own (which cannot join itself), or a
+    thread still starting inside the threading module (seen as a dummy thread; joining there deadlocks on
+    the module's own lock). Those leave the workers to finish on their own."""
+    current = threading.current_thread()
+    return not isinstance(current, threading._DummyThread) and not current.name.startswith(_THREAD_PREFIX)
+
+
 class FeatureRunner:
     def __init__(self, spec: PipelineSpec, cut: int, device: str | torch.device | None, *, prefetch: int = 2,
                  num_threads: int | None = None):
@@ -97,10 +106,7 @@ class FeatureRunner:
         finally:
             for _, future in pending:
                 future.cancel()
-            # The generator may be finalised by the garbage collector on one of the pool's own threads,
-            # which cannot join itself.
-            inside = threading.current_thread().name.startswith(_THREAD_PREFIX)
-            pool.shutdown(wait=not inside, cancel_futures=True)
+            pool.shutdown(wait=_may_join(), cancel_futures=True)
 
     def _host_part(self, plan: BatchPlan):
         data = {"indices": plan.indices}
