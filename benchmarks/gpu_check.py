@@ -52,7 +52,9 @@ def scheduler_section(rows: int = 200_000, batch_size: int = 8192) -> dict:
     from feedline.loader.autoplace import AutoPlacement
     from feedline.pipelines.criteo import criteo
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from feedline.loader.devices import available_cores
+
+    cores = available_cores()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "criteo.tsv")

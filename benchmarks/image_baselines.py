@@ -120,7 +120,9 @@ def measure_loader(
         )
     _check_positive_int("batches", batches)
     _check_int("warmup", warmup, minimum=0)
-    batch_iter = _endless(iterable_factory)
+    from ..loader.epochs import endless
+
+    batch_iter = endless(iterable_factory)
     for _ in range(warmup):
         next(batch_iter)
     if sync is not None:
@@ -139,16 +141,6 @@ def measure_loader(
         "samples": samples,
         "seconds": seconds,
     }
-
-
-def _endless(iterable_factory: Callable[[], Iterable]):
-    while True:
-        empty = True
-        for batch in iterable_factory():
-            empty = False
-            yield batch
-        if empty:
-            raise ValueError("iterable_factory() returned an iterable that yields no batches")
 
 
 def batch_size_of(batch) -> int:

@@ -3,7 +3,6 @@ on the same files, batch size and cores, each after a warm-up. The two loaders a
 rounds and each reports its median round, so load from elsewhere on the machine biases neither."""
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from typing import Iterable
@@ -11,6 +10,8 @@ from typing import Iterable
 from tqdm import tqdm
 
 from ..loader import Loader
+from ..loader.devices import available_cores
+from ..loader.epochs import endless
 from ..pipelines import image
 from . import image_baselines
 
@@ -20,16 +21,11 @@ from . import image_baselines
 SETTLE_S = 1.5
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def _endless(loader: Iterable, bar: tqdm):
-    """Epoch after epoch of one loader, so rounds continue where the last one stopped."""
-    while True:
-        for batch in loader:
-            bar.update(1)
-            yield batch
+def _counted(loader: Iterable, bar: tqdm):
+    """Epoch after epoch of one loader, so rounds continue where the last one stopped, ticking the bar."""
+    for batch in endless(lambda: loader):
+        bar.update(1)
+        yield batch
 
 
 def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "cpu", batch_size: int = 64,
@@ -41,7 +37,7 @@ def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "c
         raise ValueError(f"baseline for image pipelines must be 'torchvision' or none, got {baseline!r}")
     make = image.train if pipeline == "image-train" else image.val
     spec = make(data, output=output)
-    cores = _cores()
+    cores = available_cores()
     per_round = batches // rounds or 1
     contenders = {"feedline": Loader(spec, batch_size=batch_size, placement=placement,
                                      shuffle=pipeline == "image-train", last_batch="drop")}
@@ -50,7 +46,7 @@ def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "c
     rates: dict[str, list[float]] = {name: [] for name in contenders}
     total = len(contenders) * (warmup + (per_round + 1) * rounds)
     with tqdm(total=total, desc=f"bench {pipeline}", unit="batch", disable=not progress) as bar:
-        streams = {name: _endless(loader, bar) for name, loader in contenders.items()}
+        streams = {name: _counted(loader, bar) for name, loader in contenders.items()}
         for name, stream in streams.items():
             image_baselines.measure_loader(lambda: stream, 1, max(warmup - 1, 0))
         for _ in range(rounds):

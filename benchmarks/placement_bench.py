@@ -3,7 +3,6 @@ run (each valid cut, each thread count 1..cores) and the default configuration u
 in the same run, in alternating rounds, each reporting its median round."""
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from typing import Callable, Iterable
@@ -12,42 +11,20 @@ import torch
 from tqdm import tqdm
 
 from ..loader import Loader
-from ..loader.devices import gpu_available
+from ..loader.devices import available_cores, gpu_available
+from ..loader.epochs import endless
 from ..pipelines.image_files import ImageFiles
 from ..pipelines.spec import PipelineSpec
-from .image_baselines import batch_size_of
+from .image_baselines import measure_loader
 
 EPOCH_FOR_SHARE = 10_000
 SETTLE_S = 1.0  # the profiling cost is stated as a share of an epoch of this many samples
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def _endless(make: Callable[[], Iterable]) -> Iterable:
-    """Epoch after epoch; ``make`` gives one epoch's iterable (a Loader itself, or a fresh generator)."""
-    while True:
-        empty = True
-        for batch in make():
-            empty = False
-            yield batch
-        if empty:
-            raise RuntimeError("a loader under benchmark yielded an empty epoch")
-
-
-def _rate(stream, batches: int, sync: Callable[[], None]) -> float:
-    sync()
-    started = time.perf_counter()
-    samples = sum(batch_size_of(next(stream)) for _ in range(batches))
-    sync()
-    return samples / (time.perf_counter() - started)
-
-
 def bench_placements(spec: PipelineSpec, *, batch_size: int, batches: int = 20, rounds: int = 2,
                      warmup: int = 2, default: tuple[str, Callable[[], Iterable]] | None = None,
                      progress: bool = True) -> dict:
-    cores = _cores()
+    cores = available_cores()
     gpu = gpu_available()
     device = "cuda" if gpu else "cpu"
     sync = torch.cuda.synchronize if gpu else (lambda: None)
@@ -64,7 +41,7 @@ def bench_placements(spec: PipelineSpec, *, batch_size: int, batches: int = 20, 
             contenders[name] = (lambda l=loader: l)
     if default is not None:
         contenders[default[0]] = default[1]
-    streams = {name: _endless(make) for name, make in contenders.items()}
+    streams = {name: endless(make) for name, make in contenders.items()}
     rates: dict[str, list[float]] = {name: [] for name in streams}
     per_round = max(batches // rounds, 1)
     with tqdm(total=len(streams) * (rounds + 1), desc="bench placements", unit="run", disable=not progress) as bar:
@@ -78,7 +55,7 @@ def bench_placements(spec: PipelineSpec, *, batch_size: int, batches: int = 20, 
                 bar.set_description(f"bench {name}")
                 time.sleep(SETTLE_S)  # let the other loaders finish refilling their read-ahead queues
                 next(stream)
-                rates[name].append(_rate(stream, per_round, sync))
+                rates[name].append(measure_loader(lambda: stream, per_round, 0, sync=sync)["samples_per_s"])
                 bar.update(1)
     medians = {name: statistics.median(r) for name, r in rates.items()}
     statics = {n: v for n, v in medians.items() if n != "auto" and (default is None or n != default[0])}
@@ -118,7 +95,7 @@ def dali_default_image_loader(spec: PipelineSpec, batch_size: int) -> Callable[[
     size = params["resize"]["size"][0] if train else norm["crop"][0]
     uint8 = norm["output"] is ImageOutput.UINT8_NHWC
 
-    @pipeline_def(batch_size=batch_size, num_threads=_cores(), device_id=None, seed=0)
+    @pipeline_def(batch_size=batch_size, num_threads=available_cores(), device_id=None, seed=0)
     def default_pipeline():
         jpegs, labels = fn.readers.file(files=list(spec.source.paths), labels=spec.source.labels.tolist(),
                                         random_shuffle=train, name="reader")

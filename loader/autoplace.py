@@ -10,6 +10,7 @@ import torch
 
 from ..pipelines.spec import PipelineSpec
 from .devices import gpu_available
+from .epochs import endless
 from .monitors import NoGpu, NvmlGpuMonitor, PsutilCpuMonitor, WaitMonitor
 from .plan_report import plan_dict, plan_table
 from .profiler import Profile, profile
@@ -158,12 +159,8 @@ class _Probe:
     def __init__(self, loader, device: torch.device):
         self.loader = loader
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        self.stream = self._endless()
+        self.stream = endless(lambda: loader)
         next(self.stream)  # build and warm up
-
-    def _endless(self):
-        while True:
-            yield from self.loader
 
     def __call__(self) -> float:
         self.sync()

@@ -163,17 +163,18 @@ def _plan(args) -> dict:
     from ..loader import Loader
     from ..loader.devices import gpu_available
     from ..loader.plan_report import plan_table
-    from ..benchmarks.placement_bench import _endless, _rate
+    from ..benchmarks.image_baselines import measure_loader
+    from .epochs import endless
 
     spec = _spec(args.pipeline, args.data, args.output)
     batch_size = args.batch_size or (8192 if args.pipeline == "criteo" else 64)
     device = "cuda" if gpu_available() else "cpu"
     loader = Loader(spec, batch_size, placement="auto", device=device, last_batch="drop")
-    stream = _endless(lambda: loader)
+    stream = endless(lambda: loader)
     for _ in range(2):  # the first iteration profiles and places; then a warm-up batch
         next(stream)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    measured = _rate(stream, args.batches or 10, sync)
+    measured = measure_loader(lambda: stream, args.batches or 10, 0, sync=sync)["samples_per_s"]
     auto = loader._auto
     print(plan_table(auto.plan, auto.last, measured))
     print(f"profiling  {auto.profile.seconds:.2f} s over {auto.profile.samples} samples")

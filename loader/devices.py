@@ -2,8 +2,17 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask), not all the machine has."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 @functools.lru_cache(maxsize=1)

@@ -9,7 +9,6 @@ TorchRec's key-major layout, so ``KeyedJaggedTensor(**batch["sparse"])`` takes i
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ import torch
 from .. import ops
 from ..pipelines.spec import PipelineSpec
 from ..pipelines.tabular import MISSING_ID, TabularFiles
-from .devices import parse_device
+from .devices import available_cores, parse_device
 from .errors import PlacementError
 from .sampler import BatchPlan
 
@@ -50,7 +49,7 @@ class FeatureRunner:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 1 <= prefetch <= MAX_PREFETCH:
             raise ValueError(f"prefetch must be an integer in [1, {MAX_PREFETCH}], got {prefetch!r}")
         if num_threads is None:
-            num_threads = min(4, os.cpu_count() or 1)
+            num_threads = min(4, available_cores())
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
         self.spec = spec

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import warnings
 from collections import deque
 from collections.abc import Mapping
@@ -15,20 +14,13 @@ from ..pipelines.image_files import ImageFiles
 from ..pipelines.spec import PipelineSpec
 from . import placement as placements
 from .autoplace import AutoPlacement
-from .devices import gpu_available, is_gpu_failure, parse_device
+from .devices import available_cores, gpu_available, is_gpu_failure, parse_device
 from .runner import BatchInfo, Runner
 from .errors import OnError, PlacementError, parse_on_error
 from .image_headers import DEFAULT_MAX_PIXELS
 from .sampler import STATE_VERSION, EpochSampler, LastBatch, parse_last_batch
 
 log = logging.getLogger("feedline")
-
-
-def _available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def _distributed_rank_world() -> tuple[int, int]:
@@ -58,7 +50,7 @@ class Loader:
         if rank is None:
             rank, world_size = _distributed_rank_world()
         if num_threads is None:
-            num_threads = _available_cores()
+            num_threads = available_cores()
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 1 <= prefetch <= 16:

@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .devices import available_cores
+
 from ..pipelines.tabular import OnError, TabularFiles
 from .tabular_io import MissingFileError, RowError, ScalarColumn, SkippedRow, check_rows
 from .tsv_parse import PAD, parse_lines
@@ -171,7 +173,4 @@ def _line_bounds(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _threads() -> int:
-    try:
-        return max(1, min(8, len(os.sched_getaffinity(0))))
-    except AttributeError:
-        return max(1, min(8, os.cpu_count() or 1))
+    return min(8, available_cores())
