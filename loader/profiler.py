@@ -5,6 +5,7 @@ profiling never consumes or reorders what the trainer is given. GPU costs are me
 """
 from __future__ import annotations
 
+import os
 import resource
 import time
 from dataclasses import dataclass
@@ -68,8 +69,7 @@ def _images(spec: PipelineSpec, batch_size: int, batches: int, gpu: bool):
     n = sum(len(b["index"]) for b, _ in delivered if b is not None)
     seconds = runner.stage_seconds
     host_stage = spec.stages[0].name
-    encoded = float(np.mean([runner.files.paths and _file_size(runner.files.paths[i])
-                             for p in timed for i in p.indices]))
+    encoded = float(np.mean([os.path.getsize(runner.files.paths[i]) for p in timed for i in p.indices]))
     decoded = float(np.mean(runner._sizes[runner._sizes[:, 0] > 0].prod(axis=1))) * 3
     side = runner.size[0] * runner.size[1] * 3
     out_bytes = side * (1 if runner.finish.output is ImageOutput.UINT8_NHWC else 4)
@@ -80,11 +80,6 @@ def _images(spec: PipelineSpec, batch_size: int, batches: int, gpu: bool):
     runner.close()
     costs = [StageCost(s.name, cpu[s.name], gpu_costs.get(s.name), out[s.name]) for s in spec.stages]
     return costs, encoded, n
-
-
-def _file_size(path: str) -> int:
-    import os
-    return os.path.getsize(path)
 
 
 def _image_gpu_costs(spec: PipelineSpec, batch_size: int, batches: int, cpu: dict[str, float]) -> dict[str, float]:
