@@ -155,6 +155,10 @@ class Loader:
             plan = taken.popleft()
             yield batch, BatchInfo(plan.epoch, plan.start + plan.indices.size, plan.last)
 
+    def _open_stream(self):
+        """Batches from the current position on, running on into the epochs after it."""
+        return self._delivered(self._plans(self._epoch, self._cursor))
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         if not self._resume and (self._position > 0 or self._complete):
             self._epoch, self._position, self._cursor, self._complete = self._epoch + 1, 0, 0, False
@@ -165,7 +169,7 @@ class Loader:
             self._close_stream()
             # One stream runs across epoch boundaries, so the next epoch's first batches are in flight
             # while this epoch's last ones are consumed.
-            self._stream = self._delivered(self._plans(self._epoch, self._cursor))
+            self._stream = self._open_stream()
         epoch, samples = self._epoch, 0
         while not self._complete:
             try:
@@ -179,7 +183,7 @@ class Loader:
                 if not (self.cut < self.pipeline.all_cpu and is_gpu_failure(exc)):
                     raise
                 self._fall_back_to_cpu(exc)
-                self._stream = self._delivered(self._plans(self._epoch, self._cursor))
+                self._stream = self._open_stream()
                 continue
             except BaseException:
                 self._close_stream()
@@ -192,7 +196,7 @@ class Loader:
                 plan = self._auto.delivered(len(batch["index"])) if self._auto is not None else None
                 if plan is not None:
                     self._follow(plan)  # the next batch comes from the new placement, after this one
-                    self._stream = self._delivered(self._plans(self._epoch, self._cursor)) \
+                    self._stream = self._open_stream() \
                         if not self._complete else None
                 yield batch
         skipped = sum(1 for s in getattr(self._runner, "skip_events", ()) if s.epoch == epoch)
