@@ -49,7 +49,9 @@ def scheduler_section(rows: int = 200_000, batch_size: int = 8192) -> dict:
 
     import_feedline("loader")
     from feedline.benchmarks.data.criteo import make_criteo
-    from feedline.loader.autoplace import AutoPlacement
+    from feedline.loader.placement.auto import AutoPlacement
+    from feedline.loader.runners import RunnerConfig, make_runner
+    from feedline.loader.sources import open_source
     from feedline.pipelines.criteo import criteo
 
     from feedline.loader.devices import available_cores
@@ -59,7 +61,10 @@ def scheduler_section(rows: int = 200_000, batch_size: int = 8192) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "criteo.tsv")
         make_criteo(path, rows=rows, seed=0, format="tsv")
-        auto = AutoPlacement(criteo(path), batch_size, device, cores)
+        spec = criteo(path)
+        source = open_source(spec.source)
+        config = RunnerConfig(spec.all_cpu, device, batch_size, num_threads=cores)
+        auto = AutoPlacement(spec, config, lambda c: make_runner(spec, source, c), len(source), cores)
         auto.start()
         report = auto.report()
     return {"pipeline": "criteo", "rows": rows, "batch_size": batch_size, "device": str(device),

@@ -2,7 +2,6 @@
 
 * torchvision loaders: the standard ImageNet recipe in a ``DataLoader`` (float32 normalised, and a
   uint8 variant comparable with feedline's uint8 output).
-* :func:`measure_loader`: samples per second of any iterable of batches.
 * :func:`decode_bound`: how fast this machine can merely decode the files (PIL on every core, or
   DALI's CPU decoder), an upper bound for any CPU pipeline that decodes every image.
 
@@ -18,10 +17,11 @@ import math
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from PIL import Image
+
+from ..loader.epochs import measure_loader  # noqa: F401  (the benchmarks' timer)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -97,63 +97,6 @@ def _image_folder_loader(root, transform, batch_size: int, workers: int, *, shuf
         persistent_workers=workers > 0,
         pin_memory=torch.cuda.is_available(),
     )
-
-
-def measure_loader(
-    iterable_factory: Callable[[], Iterable],
-    batches: int,
-    warmup: int,
-    *,
-    sync: Callable[[], None] | None = None,
-) -> dict:
-    """Samples per second over ``batches`` batches taken after ``warmup`` untimed ones.
-
-    ``iterable_factory()`` gives an iterable of batches; when it is exhausted the factory is called
-    again (for a DataLoader, ``lambda: loader`` starts the next epoch). A batch is a tensor or
-    array, or a dict, tuple or list of them; its size is the first dimension of its first element.
-    ``sync``, if given, runs before the clock stops (e.g. ``torch.cuda.synchronize``).
-    """
-    if not callable(iterable_factory):
-        raise TypeError(
-            f"iterable_factory must be a callable returning an iterable, "
-            f"got {type(iterable_factory).__name__}"
-        )
-    _check_positive_int("batches", batches)
-    _check_int("warmup", warmup, minimum=0)
-    from ..loader.epochs import endless
-
-    batch_iter = endless(iterable_factory)
-    for _ in range(warmup):
-        next(batch_iter)
-    if sync is not None:
-        sync()
-
-    samples = 0
-    started = time.perf_counter()
-    for _ in range(batches):
-        samples += batch_size_of(next(batch_iter))
-    if sync is not None:
-        sync()
-    seconds = time.perf_counter() - started
-    return {
-        "samples_per_s": samples / seconds,
-        "batches": batches,
-        "samples": samples,
-        "seconds": seconds,
-    }
-
-
-def batch_size_of(batch) -> int:
-    """First dimension of the first tensor in a batch (tensor, array, dict, tuple or list)."""
-    first = batch
-    while isinstance(first, (dict, tuple, list)):
-        if not first:
-            raise ValueError("cannot count samples in an empty batch")
-        first = next(iter(first.values())) if isinstance(first, dict) else first[0]
-    shape = getattr(first, "shape", None)
-    if shape is not None and len(shape) > 0:
-        return int(shape[0])
-    return len(first)
 
 
 def decode_bound(

@@ -59,7 +59,7 @@ def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "c
     feedline = contenders["feedline"]
     result = {"pipeline": pipeline, "placement": spec.describe_cut(feedline.cut), "output": output,
               "batch_size": batch_size, "batches": per_round * rounds, "rounds": rounds, "cores": cores,
-              "dataset_size": len(spec.source),
+              "dataset_size": len(feedline.source),
               "feedline_samples_per_s": statistics.median(rates["feedline"])}
     feedline.close()
     if baseline:
@@ -69,7 +69,7 @@ def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "c
         result["speedup_per_round"] = [round(f / b, 3) for f, b in zip(rates["feedline"], rates["baseline"])]
         del contenders["baseline"]
     if bound:
-        files = list(spec.source.paths[: max(batch_size * batches, 512)])
+        files = list(feedline.source.paths[: max(batch_size * batches, 512)])
         decode = image_baselines.decode_bound(files, workers=cores)
         result["bound_samples_per_s"] = decode["bound_samples_per_s"]
         result["bound_source"] = decode["bound_source"]

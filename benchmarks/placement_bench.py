@@ -13,7 +13,6 @@ from tqdm import tqdm
 from ..loader import Loader
 from ..loader.devices import available_cores, gpu_available
 from ..loader.epochs import endless
-from ..pipelines.image_files import ImageFiles
 from ..pipelines.spec import PipelineSpec
 from .image_baselines import measure_loader
 
@@ -79,25 +78,23 @@ def bench_placements(spec: PipelineSpec, *, batch_size: int, batches: int = 20, 
     return result
 
 
-def dali_default_image_loader(spec: PipelineSpec, batch_size: int) -> Callable[[], Iterable]:
-    """The configuration a DALI user starts from: file reader, fused random-crop decode, resize and
+def dali_default_image_loader(data: str, *, train: bool, size: int, output: str, batch_size: int
+                              ) -> Callable[[], Iterable]:
+    """The configuration a DALI user starts from for the standard recipes (``train``: image.train, else
+    image.val, at ``size`` with ``output``): file reader, fused random-crop decode, resize and
     crop_mirror_normalize on DALI's CPU backend with one thread per core, through DALI's PyTorch iterator."""
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-    from ..pipelines.image import ImageOutput
+    from ..loader.sources import open_source
+    from ..pipelines.image import IMAGENET_MEAN, IMAGENET_STD, image_source
 
-    if not isinstance(spec.source, ImageFiles):
-        raise TypeError("dali_default_image_loader needs an image pipeline")
-    params = {s.name: s.params for s in spec.stages}
-    norm = params["normalize"]
-    train = spec.name == "image-train"
-    size = params["resize"]["size"][0] if train else norm["crop"][0]
-    uint8 = norm["output"] is ImageOutput.UINT8_NHWC
+    source = open_source(image_source(data))
+    uint8 = output == "uint8"
 
     @pipeline_def(batch_size=batch_size, num_threads=available_cores(), device_id=None, seed=0)
     def default_pipeline():
-        jpegs, labels = fn.readers.file(files=list(spec.source.paths), labels=spec.source.labels.tolist(),
+        jpegs, labels = fn.readers.file(files=list(source.paths), labels=source.labels.tolist(),
                                         random_shuffle=train, name="reader")
         if train:
             images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
@@ -105,15 +102,15 @@ def dali_default_image_loader(spec: PipelineSpec, batch_size: int) -> Callable[[
             mirror = fn.random.coin_flip()
         else:
             images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
-            images = fn.resize(images, resize_shorter=params["geometry"]["resize_size"])
+            images = fn.resize(images, resize_shorter=round(size * 256 / 224))
             mirror = 0
         if uint8:
             images = fn.crop_mirror_normalize(images, crop=(size, size), mirror=mirror, dtype=types.UINT8,
                                               output_layout="HWC")
         else:
             images = fn.crop_mirror_normalize(images, crop=(size, size), mirror=mirror, dtype=types.FLOAT,
-                                              output_layout="CHW", mean=[255 * m for m in norm["mean"]],
-                                              std=[255 * s for s in norm["std"]])
+                                              output_layout="CHW", mean=[255 * m for m in IMAGENET_MEAN],
+                                              std=[255 * s for s in IMAGENET_STD])
         return images, labels
 
     pipe = default_pipeline()

@@ -152,7 +152,8 @@ def _bench_auto(args) -> dict:
     batch_size = args.batch_size or (8192 if args.pipeline == "criteo" else 64)
     default = None
     if args.pipeline in IMAGE_PIPELINES:
-        default = ("dali-default", dali_default_image_loader(spec, batch_size))
+        default = ("dali-default", dali_default_image_loader(args.data, train=args.pipeline == "image-train",
+                                                             size=224, output=args.output, batch_size=batch_size))
     return bench_placements(spec, batch_size=batch_size, batches=args.batches or 20, default=default,
                             progress=not args.no_progress)
 
@@ -160,11 +161,10 @@ def _bench_auto(args) -> dict:
 def _plan(args) -> dict:
     import torch
 
-    from ..loader import Loader
-    from ..loader.devices import gpu_available
-    from ..loader.plan_report import plan_table
-    from ..benchmarks.image_baselines import measure_loader
-    from .epochs import endless
+    from .devices import gpu_available
+    from .epochs import endless, measure_loader
+    from .loader import Loader
+    from .placement.report import format_plan
 
     spec = _spec(args.pipeline, args.data, args.output)
     batch_size = args.batch_size or (8192 if args.pipeline == "criteo" else 64)
@@ -175,13 +175,12 @@ def _plan(args) -> dict:
         next(stream)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     measured = measure_loader(lambda: stream, args.batches or 10, 0, sync=sync)["samples_per_s"]
-    auto = loader._auto
-    print(plan_table(auto.plan, auto.last, measured))
-    print(f"profiling  {auto.profile.seconds:.2f} s over {auto.profile.samples} samples")
     stream.close()
     report = loader.plan
     report["measured_samples_per_s"] = measured
     report["pipeline"] = spec.name
+    print(format_plan(report))
+    print(f"profiling  {report['profile_seconds']:.2f} s over {report['profile_samples']} samples")
     return report
 
 

@@ -1,24 +1,169 @@
-"""Image classification pipelines: ``train`` and ``val``, as declared stages over an image source.
+"""Image pipelines composed from typed stages, and the two standard recipes ``train`` and ``val``.
 
-Crop windows, flips and resize sizes are computed on the host from each image's header with a
-counter-based random stream (see ``counter_rng``), so they are the same for every placement; the decoder
-reads only the crop window (region-of-interest decoding) where the format allows.
+```python
+from feedline.pipelines import image
+
+spec = image.pipeline("/data/train", [
+    image.decode(roi=True),
+    image.random_resized_crop(224),
+    image.horizontal_flip(),
+    image.color_jitter(brightness=0.4, contrast=0.4, saturation=0.4),
+    image.normalize(),
+])
+```
+
+Every stage's randomness is drawn on the host from a counter-based stream keyed by (seed, epoch, index), so a
+sample gets the same crop, flip and jitter on every placement, batch size and shard, and after a resume.
 """
 from __future__ import annotations
 
 import enum
 import os
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 from .choices import parse_enum
-from .image_files import image_files
+from .imaging.base import ImageStage
+from .imaging.center_crop import CenterCrop
+from .imaging.color_jitter import ColorJitter
+from .imaging.custom import Custom
+from .imaging.decode import Decode
+from .imaging.flip import HorizontalFlip, VerticalFlip
+from .imaging.grayscale import Grayscale
+from .imaging.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+from .imaging.random_resized_crop import RandomResizedCrop
+from .imaging.resize import Resize
+from .imaging.rotate import Rotate
+from .imaging.types import Dtype, ImageType
+from .image_sources import FileList, ImageFolder, ImageSource, image_source
 from .spec import PipelineSpec
-from .stage import Backend, Stage
+from .stage import CPU_ONLY, PlainStage
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-BOTH = frozenset({Backend.CPU, Backend.GPU})
-CPU_ONLY = frozenset({Backend.CPU})
+__all__ = ["pipeline", "train", "val", "decode", "random_resized_crop", "resize", "center_crop",
+           "horizontal_flip", "vertical_flip", "color_jitter", "grayscale", "rotate", "normalize", "custom",
+           "ImageOutput", "Normalization", "ImageFolder", "FileList", "IMAGENET_MEAN", "IMAGENET_STD"]
+
+OUTPUTS = ("image", "label")
+class ReadImages(PlainStage):
+    def describe(self) -> str:
+        return "read file and header; draw every stage's parameters"
+
+
+READ = ReadImages("read", ("file",), ("encoded",), CPU_ONLY)
+
+
+def decode(roi: bool = False, *, name: str = "decode") -> Decode:
+    """uint8 RGB; ``roi=True`` decodes only the window the next stage starts by cropping."""
+    return Decode(roi, name)
+
+
+def random_resized_crop(size: int | tuple[int, int], scale: tuple[float, float] = (0.08, 1.0),
+                        ratio: tuple[float, float] = (3 / 4, 4 / 3), *,
+                        name: str = "random_resized_crop") -> RandomResizedCrop:
+    return RandomResizedCrop(size, scale, ratio, name)
+
+
+def resize(size: int | tuple[int, int], *, name: str = "resize") -> Resize:
+    """An int: the shorter side to ``size``; a pair: exactly ``(height, width)``."""
+    return Resize(size, name)
+
+
+def center_crop(size: int | tuple[int, int], *, name: str = "center_crop") -> CenterCrop:
+    return CenterCrop(size, name)
+
+
+def horizontal_flip(p: float = 0.5, *, name: str = "horizontal_flip") -> HorizontalFlip:
+    return HorizontalFlip(p, name)
+
+
+def vertical_flip(p: float = 0.5, *, name: str = "vertical_flip") -> VerticalFlip:
+    return VerticalFlip(p, name)
+
+
+def color_jitter(brightness: float | tuple[float, float] = 0.0, contrast: float | tuple[float, float] = 0.0,
+                 saturation: float | tuple[float, float] = 0.0, hue: float | tuple[float, float] = 0.0, *,
+                 name: str = "color_jitter") -> ColorJitter:
+    """torchvision's ``ColorJitter``: each factor drawn per sample, the four adjustments in a random order."""
+    return ColorJitter(brightness, contrast, saturation, hue, name)
+
+
+def grayscale(p: float = 1.0, *, name: str = "grayscale") -> Grayscale:
+    """torchvision's ``RandomGrayscale(p)``: with probability ``p`` the image becomes gray, kept as 3 channels."""
+    return Grayscale(p, name)
+
+
+def rotate(degrees: float | tuple[float, float], *, name: str = "rotate") -> Rotate:
+    """torchvision's ``RandomRotation(degrees)``: an angle drawn per sample from ``(-d, d)`` or ``(min, max)``,
+    counter-clockwise, nearest-neighbour, same size, zeros outside the image."""
+    return Rotate(degrees, name)
+
+
+def normalize(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD, *,
+              name: str = "normalize") -> Normalize:
+    """uint8 to float32 ``CHW``: ``(x / 255 - mean) / std``. Without it a pipeline delivers uint8 ``NHWC``."""
+    return Normalize(tuple(mean), tuple(std), name)
+
+
+def custom(fn: Callable, *, backends: str | Sequence[str] = ("cpu", "gpu"), name: str = "custom",
+           draws: int = 0, dtype: str | None = None, size: int | tuple[int, int] | None = None) -> Custom:
+    """Your own function on a batch of torch tensors (see :class:`Custom`), placed like any other stage."""
+    return Custom(fn, backends, name, draws, dtype, size)
+
+
+def pipeline(data: str | os.PathLike | ImageSource, stages: Sequence[ImageStage], *,
+             name: str = "image") -> PipelineSpec:
+    """The pipeline that reads ``data`` (a folder, a file list, or their declarations) and applies ``stages``
+    in order. The first stage decodes; the last must leave every image one size. Each batch holds ``image``
+    (uint8 ``NHWC``, or float32 ``NCHW`` after ``normalize``) and ``label``."""
+    source = image_source(data)
+    stages = _named(_checked(stages))
+    types = infer_types(stages)
+    if types[-1].size is None:
+        raise ValueError(f"pipeline {name!r}: its last stage {stages[-1].name!r} leaves images of varying sizes, "
+                         f"which cannot form a batch; end with a stage that makes one size (random_resized_crop, "
+                         f"resize((h, w)), center_crop)")
+    return PipelineSpec(name, source, (READ, *stages), OUTPUTS)
+
+
+def infer_types(stages: Sequence[ImageStage]) -> list[ImageType]:
+    """The type each stage outputs, checking every stage's input on the way (the pure declaration step)."""
+    types: list[ImageType] = []
+    current = None
+    for k, stage in enumerate(stages):
+        if isinstance(stage, Decode) != (k == 0):
+            raise ValueError(f"stage {stage.name!r}: an image pipeline decodes first and only once; "
+                             f"start with image.decode()")
+        if isinstance(stage, Decode) and stage.roi and (k + 1 >= len(stages) or not stages[k + 1].crops_first):
+            after = stages[k + 1].name if k + 1 < len(stages) else "nothing"
+            raise ValueError(f"stage {stage.name!r}: decode(roi=True) decodes the window the next stage crops, "
+                             f"but it is followed by {after!r}, which does not start with a crop; use "
+                             f"decode() or put random_resized_crop next")
+        current = stage.output_type(current)
+        types.append(current)
+    return types
+
+
+def _checked(stages) -> tuple[ImageStage, ...]:
+    if isinstance(stages, (str, bytes)) or not isinstance(stages, Sequence) or not stages:
+        raise TypeError(f"stages must be a non-empty list of image stages (image.decode(), image.resize(...), ...), "
+                        f"got {stages!r}")
+    for s in stages:
+        if not isinstance(s, ImageStage):
+            raise TypeError(f"stages must hold image stages such as image.resize(256), got {type(s).__name__} {s!r}")
+    return tuple(stages)
+
+
+def _named(stages: tuple[ImageStage, ...]) -> tuple[ImageStage, ...]:
+    """A name used twice gets ``_2``, ``_3`` ... on its later uses, so placements can name every stage."""
+    from dataclasses import replace
+
+    seen: dict[str, int] = {READ.name: 1}
+    out = []
+    for s in stages:
+        count = seen.get(s.name, 0) + 1
+        seen[s.name] = count
+        out.append(s if count == 1 else replace(s, name=f"{s.name}_{count}"))
+    return tuple(out)
 
 
 class ImageOutput(enum.Enum):
@@ -30,50 +175,42 @@ class ImageOutput(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Normalize:
+class Normalization:
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
 
 
-def train(data: str | os.PathLike, size: int = 224, *, scale: tuple[float, float] = (0.08, 1.0),
+def _tail(output: ImageOutput | str, normalization: Normalization) -> list[ImageStage]:
+    if not isinstance(normalization, Normalization):
+        raise TypeError(f"normalize must be a feedline.pipelines.image.Normalization, "
+                        f"got {type(normalization).__name__}")
+    if parse_enum(ImageOutput, "output", output) is ImageOutput.UINT8_NHWC:
+        return []
+    return [Normalize(normalization.mean, normalization.std)]
+
+
+def train(data: str | os.PathLike | ImageSource, size: int = 224, *, scale: tuple[float, float] = (0.08, 1.0),
           ratio: tuple[float, float] = (3 / 4, 4 / 3), flip_prob: float = 0.5,
-          output: ImageOutput | str = ImageOutput.FLOAT_NCHW, normalize: Normalize = Normalize()) -> PipelineSpec:
-    """Random resized crop (torchvision semantics, antialiased linear resize), horizontal flip, normalise."""
-    size = _size("size", size)
-    scale = _range("scale", scale, low=0.0, high=1.0)
-    ratio = _range("ratio", ratio, low=0.0, high=None)
+          output: ImageOutput | str = ImageOutput.FLOAT_NCHW,
+          normalize: Normalization = Normalization()) -> PipelineSpec:
+    """Random resized crop (decoding only its window), horizontal flip, normalise: torchvision's ImageNet
+    training recipe."""
     if isinstance(flip_prob, bool) or not isinstance(flip_prob, (int, float)) or not 0.0 <= flip_prob <= 1.0:
         raise ValueError(f"flip_prob must be a number in [0, 1], got {flip_prob!r}")
-    output = _output(output)
-    _check_normalize(normalize)
-    stages = (
-        Stage("crop_window", ("encoded",), ("window", "flip"), CPU_ONLY,
-              {"scale": scale, "ratio": ratio, "flip_prob": float(flip_prob)}),
-        Stage("decode", ("encoded", "window"), ("decoded",), BOTH, {"roi": True}),
-        Stage("resize", ("decoded",), ("resized",), BOTH, {"size": (size, size)}),
-        Stage("normalize", ("resized", "flip"), ("image",), BOTH,
-              {"output": output, "mean": normalize.mean, "std": normalize.std}),
-    )
-    return PipelineSpec("image-train", image_files(data), stages, ("image", "label"))
+    return pipeline(data, [decode(roi=True), random_resized_crop(_size("size", size), scale, ratio),
+                           horizontal_flip(flip_prob), *_tail(output, normalize)], name="image-train")
 
 
-def val(data: str | os.PathLike, size: int = 224, *, resize_size: int | None = None,
-        output: ImageOutput | str = ImageOutput.FLOAT_NCHW, normalize: Normalize = Normalize()) -> PipelineSpec:
+def val(data: str | os.PathLike | ImageSource, size: int = 224, *, resize_size: int | None = None,
+        output: ImageOutput | str = ImageOutput.FLOAT_NCHW,
+        normalize: Normalization = Normalization()) -> PipelineSpec:
     """Resize the shorter side to ``resize_size`` (default ``round(size * 256 / 224)``), centre crop, normalise."""
     size = _size("size", size)
     resize_size = round(size * 256 / 224) if resize_size is None else _size("resize_size", resize_size)
     if resize_size < size:
         raise ValueError(f"resize_size ({resize_size}) must be >= size ({size}) for a centre crop")
-    output = _output(output)
-    _check_normalize(normalize)
-    stages = (
-        Stage("geometry", ("encoded",), ("resize_to", "crop_at"), CPU_ONLY, {"resize_size": resize_size, "size": size}),
-        Stage("decode", ("encoded",), ("decoded",), BOTH, {"roi": False}),
-        Stage("resize", ("decoded", "resize_to"), ("resized",), BOTH, {"shorter": resize_size}),
-        Stage("normalize", ("resized", "crop_at"), ("image",), BOTH,
-              {"output": output, "mean": normalize.mean, "std": normalize.std, "crop": (size, size)}),
-    )
-    return PipelineSpec("image-val", image_files(data), stages, ("image", "label"))
+    return pipeline(data, [decode(), resize(resize_size), center_crop(size), *_tail(output, normalize)],
+                    name="image-val")
 
 
 def _size(name: str, value: object) -> int:
@@ -82,24 +219,4 @@ def _size(name: str, value: object) -> int:
     return value
 
 
-def _range(name: str, value: object, low: float, high: float | None) -> tuple[float, float]:
-    ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-    if ok:
-        a, b = float(value[0]), float(value[1])
-        ok = low < a <= b and (high is None or b <= high)
-    if not ok:
-        bound = f"({low}, {high}]" if high is not None else f"> {low}"
-        raise ValueError(f"{name} must be a pair (min, max) with min <= max, both {bound}, got {value!r}")
-    return a, b
-
-
-def _output(value: ImageOutput | str) -> ImageOutput:
-    return parse_enum(ImageOutput, "output", value)
-
-
-def _check_normalize(normalize: Normalize) -> None:
-    if not isinstance(normalize, Normalize):
-        raise TypeError(f"normalize must be a feedline.pipelines.image.Normalize, got {type(normalize).__name__}")
-    if len(normalize.mean) != 3 or len(normalize.std) != 3 or any(s <= 0 for s in normalize.std):
-        raise ValueError(f"normalize needs 3 means and 3 positive stds, got {normalize}")
+__all__ += ["Dtype", "ImageType", "infer_types"]

@@ -28,7 +28,6 @@ from __future__ import annotations
 import enum
 import math
 import os
-import threading
 from dataclasses import dataclass, replace
 from typing import Sequence, Union
 
@@ -37,12 +36,9 @@ import numpy as np
 from .choices import parse_enum
 from .on_error import OnError
 from .spec import PipelineSpec
-from .stage import Backend, Stage
+from .features import MISSING_ID, AssembleSparse, DenseColumns, HashColumns, MultiHotColumns, Parse  # noqa: F401  (MISSING_ID: public here)
 
-MISSING_ID = -1
 MAX_BUCKETS = 1 << 32
-CPU_ONLY = frozenset({Backend.CPU})
-_OPEN_LOCK = threading.Lock()
 
 
 class FileFormat(enum.Enum):
@@ -139,24 +135,6 @@ class TabularFiles:
     @property
     def produces(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)
-
-    def open(self):
-        """The reader of these files (``feedline.loader.tabular_io``), opened on first use and then kept:
-        opening indexes and checks every row, so ``len()`` and every runner share that one pass."""
-        with _OPEN_LOCK:
-            reader = self.__dict__.get("_reader")
-            if reader is None:
-                from ..loader.tabular_io import open_reader
-                reader = open_reader(self)
-                object.__setattr__(self, "_reader", reader)
-        return reader
-
-    def __len__(self) -> int:
-        """Good rows over all files (opens them)."""
-        return self.open().num_rows
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_reader"}
 
     def column(self, name: str) -> Column:
         for c in self.columns:
@@ -319,27 +297,25 @@ def tabular(schema: Schema, source: TabularFiles, *, name: str = "tabular") -> P
 
     parse_out = (("label",) if schema.label else ()) + (("dense_raw",) if dense else ()) \
         + (("categorical_raw",) if raw_ids else ()) + (("lists_raw",) if multi_hot else ())
-    stages = [Stage("parse", source.produces, parse_out, CPU_ONLY,
-                    {"label": schema.label, "dense": tuple(f.name for f in dense), "categorical": raw_ids,
-                     "lists": tuple(f.name for f in multi_hot)})]
+    stages: list = [Parse(source.produces, parse_out, schema.label, tuple(f.name for f in dense), raw_ids,
+                          tuple(f.name for f in multi_hot))]
     sparse_inputs: list[str] = []
     if dense:
         produces = (("dense",) if schema.dense else ()) + (("bucketized",) if schema.bucketized else ())
-        stages.append(Stage("dense", ("dense_raw",), produces,
-                            params={"dense": schema.dense, "bucketized": schema.bucketized}))
+        stages.append(DenseColumns(("dense_raw",), produces, schema.dense, schema.bucketized))
         sparse_inputs += ["bucketized"] if schema.bucketized else []
     if categorical or crosses:
         rows = {n: i for i, n in enumerate(raw_ids)}
-        stages.append(Stage("hash", ("categorical_raw",), ("categorical_ids",),
-                            params={"categorical": tuple((rows[f.name], f.num_buckets, f.seed) for f in categorical),
-                                    "crosses": tuple((rows[x.a], rows[x.b], x.num_buckets, x.seed) for x in crosses)}))
+        stages.append(HashColumns(("categorical_raw",), ("categorical_ids",),
+                                  tuple((rows[f.name], f.num_buckets, f.seed) for f in categorical),
+                                  tuple((rows[x.a], rows[x.b], x.num_buckets, x.seed) for x in crosses)))
         sparse_inputs.append("categorical_ids")
     if multi_hot:
-        stages.append(Stage("multi_hot", ("lists_raw",), ("multi_hot_ids",), params={"columns": multi_hot}))
+        stages.append(MultiHotColumns(("lists_raw",), ("multi_hot_ids",), multi_hot))
         sparse_inputs.append("multi_hot_ids")
     outputs = (("label",) if schema.label else ()) + (("dense",) if schema.dense else ())
     if sparse_inputs:
-        stages.append(Stage("assemble", tuple(sparse_inputs), ("sparse",), params={"keys": schema.sparse_keys}))
+        stages.append(AssembleSparse(tuple(sparse_inputs), ("sparse",), schema.sparse_keys))
         outputs += ("sparse",)
     if not outputs:
         raise ValueError("schema produces no outputs")

@@ -14,7 +14,7 @@ def test_auto_profiles_plans_and_covers_the_epoch(image_dir):
     loader = Loader(spec, batch_size=8, placement="auto", seed=2)
     assert loader.plan["status"].startswith("not profiled yet")
     seen = [i for b in loader for i in b["index"].tolist()]
-    assert sorted(seen) == list(range(len(spec.source)))
+    assert sorted(seen) == list(range(len(loader.source)))
     plan = loader.plan
     assert plan["history"][0]["reason"] == "initial plan" and plan["profile_seconds"] > 0
     assert [s["stage"] for s in plan["stages"]] == [s.name for s in spec.stages]

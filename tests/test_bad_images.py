@@ -16,21 +16,21 @@ BAD = [c for c, kind in CASES.items() if kind == "bad"] + ["deleted"]
 GOOD = [c for c, kind in CASES.items() if kind == "good"]
 
 
-def dataset_with(tmp_path, case):
-    """11 good photos and one special file, placed in the middle of the order."""
+def loader_with(tmp_path, case, **kwargs):
+    """A Loader over 11 good photos and one special file, placed in the middle of the order ("deleted": a
+    file deleted after the Loader listed the folder). Returns the loader and the special file's path."""
     write_images(tmp_path, 11, classes=1, seed=4)
     target = tmp_path / "class_0" / "img_0005x.jpg"
     target.write_bytes(payload("truncated" if case == "deleted" else case, seed=1))
-    spec = image.train(tmp_path, size=48, output="uint8")
+    loader = Loader(image.train(tmp_path, size=48, output="uint8"), batch_size=4, placement="cpu", **kwargs)
     if case == "deleted":
         target.unlink()
-    return spec, str(target)
+    return loader, str(target)
 
 
 @pytest.mark.parametrize("case", BAD)
 def test_raise_names_the_file_and_the_reason(tmp_path, case):
-    spec, target = dataset_with(tmp_path, case)
-    loader = Loader(spec, batch_size=4, shuffle=False, placement="cpu")
+    loader, target = loader_with(tmp_path, case, shuffle=False)
     with pytest.raises(DataError) as info:
         list(loader)
     assert info.value.where == target and REASONS[case] in info.value.reason
@@ -39,9 +39,8 @@ def test_raise_names_the_file_and_the_reason(tmp_path, case):
 @pytest.mark.parametrize("case", BAD)
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_skip_leaves_out_only_the_bad_file(tmp_path, case, shuffle):
-    spec, target = dataset_with(tmp_path, case)
-    bad_index = spec.source.paths.index(target)
-    loader = Loader(spec, batch_size=4, shuffle=shuffle, seed=2, placement="cpu", on_error="skip")
+    loader, target = loader_with(tmp_path, case, shuffle=shuffle, seed=2, on_error="skip")
+    bad_index = loader.source.paths.index(target)
     for epoch in range(2):
         sizes, seen = [], []
         for batch in loader:
@@ -91,9 +90,9 @@ def test_an_epoch_whose_tail_is_all_bad_ends_cleanly(tmp_path):
 
 
 def test_resume_after_a_skip_gives_the_same_batches(tmp_path):
-    spec, _ = dataset_with(tmp_path, "truncated")
-    full = [(b["index"].clone(), b["image"].clone())
-            for b in Loader(spec, batch_size=4, seed=3, placement="cpu", on_error="skip")]
+    loader, _ = loader_with(tmp_path, "truncated", seed=3, on_error="skip")
+    spec = loader.pipeline
+    full = [(b["index"].clone(), b["image"].clone()) for b in loader]
     first = Loader(spec, batch_size=4, seed=3, placement="cpu", on_error="skip")
     it = iter(first)
     next(it)
@@ -102,7 +101,7 @@ def test_resume_after_a_skip_gives_the_same_batches(tmp_path):
     resumed.load_state_dict(state)
     rest = [(b["index"], b["image"]) for b in resumed]
     assert len(rest) == len(full) - 1
-    for (i, img), (j, img2) in zip(full[1:], rest):
+    for (i, img), (j, img2) in zip(full[1:], rest, strict=True):
         assert torch.equal(i, j) and torch.equal(img, img2)
 
 

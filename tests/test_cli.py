@@ -43,7 +43,8 @@ def test_make_data_then_plan(tmp_path, capsys):
     assert "stage" in shown and "decode" in shown and "measured" in shown
     plan = json.loads(report.read_text())
     assert plan["pipeline"] == "image-train" and plan["measured_samples_per_s"] > 0
-    assert [s["stage"] for s in plan["stages"]] == ["crop_window", "decode", "resize", "normalize"]
+    assert [s["stage"] for s in plan["stages"]] == ["read", "decode", "random_resized_crop", "horizontal_flip",
+                                                    "normalize"]
 
 
 def test_make_criteo_data(tmp_path):

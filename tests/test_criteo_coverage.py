@@ -5,7 +5,7 @@ import pytest
 
 from feedline.benchmarks.data.criteo import make_criteo
 from feedline.loader import Loader
-from feedline.loader.feature_runner import FeatureRunner
+from runners import feature_runner
 from feedline.loader.sampler import EpochSampler
 from feedline.pipelines.criteo import criteo
 
@@ -22,7 +22,7 @@ def spec(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runner(spec):
-    return FeatureRunner(spec, spec.all_cpu, "cpu", prefetch=3, num_threads=2)
+    return feature_runner(spec, prefetch=3, num_threads=2)
 
 
 def rows_of(batch):
@@ -34,7 +34,7 @@ def rows_of(batch):
 
 @pytest.fixture(scope="module")
 def fingerprints(runner):
-    (batch,) = runner.batches(iter(EpochSampler(ROWS, ROWS, shuffle=False).epoch(0)))
+    ((batch, _),) = runner.batches(iter(EpochSampler(ROWS, ROWS, shuffle=False).epoch(0)))
     return rows_of(batch)
 
 
@@ -42,7 +42,7 @@ def fingerprints(runner):
 def test_one_epoch_yields_every_row_once(runner, fingerprints, shuffle):
     sampler = EpochSampler(runner.num_samples, 100, shuffle=shuffle, seed=7)
     seen = []
-    for batch in runner.batches(iter(sampler.epoch(0))):
+    for batch, _ in runner.batches(iter(sampler.epoch(0))):
         seen += batch["index"].tolist()
         assert rows_of(batch) == [fingerprints[i] for i in batch["index"].tolist()]
     assert sorted(seen) == list(range(ROWS))
@@ -56,7 +56,7 @@ def test_shards_cover_every_row_once(runner, world_size, last_batch):
     for rank in range(world_size):
         sampler = EpochSampler(ROWS, 64, shuffle=True, seed=3, rank=rank, world_size=world_size,
                                last_batch=last_batch)
-        for batch in runner.batches(iter(sampler.epoch(2))):
+        for batch, _ in runner.batches(iter(sampler.epoch(2))):
             valid = batch["valid"].numpy() if "valid" in batch else np.ones(len(batch["index"]), bool)
             delivered += batch["index"].numpy()[valid].tolist()
     assert sorted(delivered) == list(range(ROWS))

@@ -74,7 +74,8 @@ def test_baseline_and_feedline_agree_row_by_row(tmp_path):
     from sklearn.utils import murmurhash3_32
 
     from feedline.benchmarks.criteo_bench import TABLE_SIZE, pandas_features
-    from feedline.loader.feature_runner import FeatureRunner
+    from runners import batches as run_plans
+    from runners import feature_runner
     from feedline.loader.sampler import EpochSampler
     from feedline.pipelines.criteo import criteo
 
@@ -85,8 +86,8 @@ def test_baseline_and_feedline_agree_row_by_row(tmp_path):
     assert (reduced == raw[:50] % TABLE_SIZE).all()
 
     spec = criteo(path, table_sizes=TABLE_SIZE)
-    runner = FeatureRunner(spec, spec.all_cpu, "cpu")
-    batches = list(runner.batches(iter(EpochSampler(runner.num_samples, 1000, shuffle=False).epoch(0))))
+    runner = feature_runner(spec)
+    batches = run_plans(runner, EpochSampler(runner.num_samples, 1000, shuffle=False).epoch(0))
     assert runner.num_samples == len(label) == 3000
     ours_label = np.concatenate([b["label"].numpy() for b in batches])
     ours_dense = np.concatenate([b["dense"].numpy() for b in batches])

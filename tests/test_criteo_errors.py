@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from feedline.loader import DataError
-from feedline.loader.feature_runner import FeatureRunner
+from feedline.loader.sources import open_source
+from runners import batches as run_plans
+from runners import feature_runner
 from feedline.loader.sampler import EpochSampler
-from feedline.loader.tabular_io import MissingFileError, RowError
+from feedline.loader.sources.tabular import MissingFileError, RowError
 from feedline.pipelines.criteo import CATEGORICAL_NAMES, DENSE_NAMES, criteo
 
 
@@ -54,8 +56,8 @@ def mixed_file(path):
 
 
 def epoch_by_index(spec):
-    runner = FeatureRunner(spec, spec.all_cpu, "cpu")
-    batches = list(runner.batches(iter(EpochSampler(runner.num_samples, 3, shuffle=True, seed=2).epoch(0))))
+    runner = feature_runner(spec)
+    batches = run_plans(runner, EpochSampler(runner.num_samples, 3, shuffle=True, seed=2).epoch(0))
     order = np.argsort(torch.cat([b["index"] for b in batches]).numpy())
     dense = torch.cat([b["dense"] for b in batches])[order]
     ids = torch.cat([b["sparse"]["values"].reshape(26, -1).T for b in batches])[order]
@@ -69,7 +71,7 @@ def test_each_bad_line_raises_naming_file_and_line(tmp_path, number):
     path.write_text("\n".join([GOOD[0], text, GOOD[1]]) + "\n")
     spec = criteo(path)
     with pytest.raises(DataError) as info:
-        FeatureRunner(spec, spec.all_cpu, "cpu")
+        feature_runner(spec)
     assert isinstance(info.value, ValueError) and isinstance(info.value, RowError)
     assert (info.value.file, info.value.line) == (str(path), 2)
     assert str(info.value) == f"{path}:2: {reason}"
@@ -79,8 +81,8 @@ def test_skip_leaves_out_bad_rows_and_lists_them(tmp_path):
     spec = criteo(mixed_file(tmp_path / "day.tsv"), on_error="skip")
     runner, dense, ids = epoch_by_index(spec)
     assert runner.num_samples == len(GOOD)
-    assert [(f, n) for f, n, _ in runner.skipped] == [(str(tmp_path / "day.tsv"), n) for n in sorted(BAD_LINES)]
-    assert [reason for _, _, reason in runner.skipped] == [BAD_LINES[n][1] for n in sorted(BAD_LINES)]
+    assert [s.where for s in runner.skipped] == [f"{tmp_path / 'day.tsv'}:{n}" for n in sorted(BAD_LINES)]
+    assert [s.reason for s in runner.skipped] == [BAD_LINES[n][1] for n in sorted(BAD_LINES)]
     clean = tmp_path / "clean.tsv"
     clean.write_text("\n".join(GOOD) + "\n")
     _, clean_dense, clean_ids = epoch_by_index(criteo(clean))
@@ -90,7 +92,7 @@ def test_skip_leaves_out_bad_rows_and_lists_them(tmp_path):
 def test_raise_reports_the_first_bad_line(tmp_path):
     path = mixed_file(tmp_path / "day.tsv")
     with pytest.raises(RowError, match=f"^{path}:2: expected 40"):
-        len(criteo(path).source)
+        open_source(criteo(path).source)
 
 
 def test_gzip_errors_name_the_gzip_file(tmp_path):
@@ -98,7 +100,7 @@ def test_gzip_errors_name_the_gzip_file(tmp_path):
     with gzip.open(path, "wt") as f:
         f.write("\n".join([GOOD[0], GOOD[1], BAD_LINES[4][0]]))
     with pytest.raises(RowError, match=f"^{path}:3: column C5"):
-        len(criteo(path).source)
+        open_source(criteo(path).source)
 
 
 def test_edge_values_that_are_valid(tmp_path):
@@ -107,7 +109,7 @@ def test_edge_values_that_are_valid(tmp_path):
     fields[1:4] = ["9223372036854775807", "-9223372036854775807", "0000000000000000000000012"]
     fields[14:17] = ["7fffffffffffffff", "00000000000000000000ff", "ABCDEF"]
     path.write_text(line(fields) + "\n")
-    reader = criteo(path).source.open()
+    reader = open_source(criteo(path).source)
     columns = reader.read(np.array([0]))
     assert [int(columns[n].values[0]) for n in ("I1", "I2", "I3")] == [2**63 - 1, -(2**63 - 1), 12]
     assert [int(columns[n].values[0]) for n in ("C1", "C2", "C3")] == [2**63 - 1, 255, 0xABCDEF]
@@ -117,25 +119,25 @@ def test_empty_file(tmp_path):
     empty = tmp_path / "empty.tsv"
     empty.write_text("")
     with pytest.raises(RowError, match="empty.tsv: file is empty"):
-        len(criteo(empty).source)
+        open_source(criteo(empty).source)
     good = tmp_path / "good.tsv"
     good.write_text("\n".join(GOOD))
     spec = criteo([empty, good], on_error="skip")
-    runner = FeatureRunner(spec, spec.all_cpu, "cpu")
+    runner = feature_runner(spec)
     assert runner.num_samples == len(GOOD)
-    assert runner.skipped == [(str(empty), None, "file is empty")]
+    assert [(s.where, s.reason) for s in runner.skipped] == [(str(empty), "file is empty")]
     with pytest.raises(RowError, match="no good rows"):
-        len(criteo(empty, on_error="skip").source)
+        open_source(criteo(empty, on_error="skip").source)
 
 
 def test_missing_file(tmp_path):
     path = tmp_path / "nowhere.tsv"
     for on_error in ("raise", "skip"):
         with pytest.raises(MissingFileError, match="nowhere.tsv: file does not exist") as info:
-            len(criteo(path, on_error=on_error).source)
+            open_source(criteo(path, on_error=on_error).source)
         assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, DataError)
     with pytest.raises(FileNotFoundError):
-        len(criteo(tmp_path / "nowhere.parquet").source)
+        open_source(criteo(tmp_path / "nowhere.parquet").source)
 
 
 def test_on_error_is_checked():
@@ -156,11 +158,11 @@ def test_parquet_bad_rows_name_the_row(tmp_path):
     path = parquet_file(tmp_path / "day.parquet", C7=pa.array(["a1", "b2", "zz", "d4", "e5"]),
                         I2=pa.array([1.0, float("inf"), 3.0, 4.0, 5.0]), label=pa.array([0, 1, 0, None, 0]))
     with pytest.raises(RowError, match=f"^{path}:2: column I2: inf is not an integer"):
-        len(criteo(path).source)
+        open_source(criteo(path).source)
     spec = criteo(path, on_error="skip")
-    reader = spec.source.open()
+    reader = open_source(spec.source)
     assert reader.num_rows == 2
-    assert [(line, reason) for _, line, reason in reader.skipped] == [
+    assert [(int(s.where.rsplit(':', 1)[1]), s.reason) for s in reader.skipped] == [
         (2, "column I2: inf is not an integer within int64 range"),
         (3, "column C7: 'zz' is not a hexadecimal integer"),
         (4, "column label: is empty, and a value is required")]
@@ -171,13 +173,13 @@ def test_parquet_missing_column_and_wrong_type(tmp_path):
     table = pq.read_table(parquet_file(tmp_path / "full.parquet")).drop_columns(["C3"])
     pq.write_table(table, tmp_path / "partial.parquet")
     with pytest.raises(RowError, match=r"partial.parquet: has no column\(s\) \['C3'\]"):
-        len(criteo(tmp_path / "partial.parquet").source)
+        open_source(criteo(tmp_path / "partial.parquet").source)
     path = parquet_file(tmp_path / "typed.parquet", C1=pa.array([1.5, 2.0, 3.0, 4.0, 5.0]))
     with pytest.raises(RowError, match="column C1 has type double, expected hex strings or integers"):
-        len(criteo(path).source)
+        open_source(criteo(path).source)
     (tmp_path / "junk.parquet").write_text("not parquet")
     with pytest.raises(RowError, match="junk.parquet: is not a readable Parquet file"):
-        len(criteo(tmp_path / "junk.parquet").source)
+        open_source(criteo(tmp_path / "junk.parquet").source)
 
 
 def test_errors_survive_pickling(tmp_path):

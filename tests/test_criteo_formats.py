@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from feedline.benchmarks.data.criteo import make_criteo
-from feedline.loader.feature_runner import FeatureRunner
+from runners import feature_runner
 from feedline.loader.sampler import EpochSampler
 from feedline.pipelines.criteo import CATEGORICAL_NAMES, DENSE_NAMES, criteo
 
@@ -43,9 +43,9 @@ def files(tmp_path_factory):
 
 def epoch(path, **kw):
     spec = criteo(path, table_sizes=10007, **kw)
-    runner = FeatureRunner(spec, spec.all_cpu, "cpu", num_threads=2)
+    runner = feature_runner(spec, num_threads=2)
     assert runner.num_samples == ROWS
-    return list(runner.batches(EpochSampler(ROWS, 512, shuffle=True, seed=1).epoch(0)))
+    return [b for b, _ in runner.batches(EpochSampler(ROWS, 512, shuffle=True, seed=1).epoch(0))]
 
 
 def assert_same(a, b):
@@ -85,8 +85,8 @@ def test_rows_count_over_files_in_order(files, tmp_path):
     with gzip.open(second, "wb") as f:
         f.write(b"".join(lines[1000:]))
     spec = criteo([first, second], table_sizes=10007)
-    runner = FeatureRunner(spec, spec.all_cpu, "cpu")
-    assert len(spec.source) == ROWS
-    batches = list(runner.batches(EpochSampler(ROWS, 512, shuffle=True, seed=1).epoch(0)))
+    runner = feature_runner(spec)
+    assert len(runner.source) == ROWS
+    batches = [b for b, _ in runner.batches(EpochSampler(ROWS, 512, shuffle=True, seed=1).epoch(0))]
     reference = epoch(files["tsv"])
     assert_same(batches, reference)

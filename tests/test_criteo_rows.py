@@ -7,7 +7,7 @@ import pytest
 import torch
 from sklearn.utils import murmurhash3_32
 
-from feedline.loader.feature_runner import FeatureRunner
+from runners import feature_runner
 from feedline.loader.sampler import BatchPlan, EpochSampler
 from feedline.pipelines.criteo import CATEGORICAL_NAMES, criteo
 
@@ -46,8 +46,8 @@ def expected(rows=ROWS, table=TABLE):
 
 
 def run(spec, plans, **kw):
-    runner = FeatureRunner(spec, spec.all_cpu, "cpu", **kw)
-    return runner, list(runner.batches(iter(plans)))
+    runner = feature_runner(spec, **kw)
+    return runner, [b for b, _ in runner.batches(iter(plans))]
 
 
 def plan(indices):

@@ -1,5 +1,6 @@
 """A GPU that fails mid-epoch (out of memory, lost device) sends the Loader to the CPU placement without
 losing or repeating a sample. The failure is injected: a stand-in runner plays the GPU placement."""
+import dataclasses
 import warnings
 
 import pytest
@@ -13,10 +14,12 @@ from feedline.pipelines import image
 class FailingGpuRunner:
     """Delivers ``good`` batches the way the real runner would, then fails as a GPU does."""
 
-    yields_info = True
-
     def __init__(self, real, good: int, error: BaseException):
         self.real, self.good, self.error = real, good, error
+
+    @property
+    def skipped(self):
+        return self.real.skipped
 
     def batches(self, plans):
         for k, item in enumerate(self.real.batches(plans)):
@@ -36,34 +39,26 @@ class FailingGpuRunner:
 def test_gpu_failure_falls_back_to_cpu_without_losing_a_batch(image_dir, monkeypatch, error):
     spec = image.train(image_dir, size=32, output="uint8")
     monkeypatch.setattr(loader_module, "gpu_available", lambda: True)
-    make = Loader._make_runner
+    make = Loader._runner_for
+    cpu = torch.device("cpu")
 
-    def runner_for_placement(self):
-        real = make(self) if self.cut == spec.all_cpu else make(_with_cut(self, spec.all_cpu))
-        return real if self.cut == spec.all_cpu else FailingGpuRunner(real, good=2, error=error)
+    def runner_for(self, config):
+        if config.cut == spec.all_cpu:
+            return make(self, dataclasses.replace(config, device=cpu))
+        real = make(self, dataclasses.replace(config, cut=spec.all_cpu, device=cpu))
+        return FailingGpuRunner(real, good=2, error=error)
 
-    monkeypatch.setattr(Loader, "_make_runner", runner_for_placement)
+    monkeypatch.setattr(Loader, "_runner_for", runner_for)
     loader = Loader(spec, batch_size=5, placement="gpu", seed=1)
     assert loader.cut == 1 and loader.device.type == "cuda"
-    loader.device = torch.device("cpu")  # no GPU here to deliver to; the fallback runner delivers on the CPU
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         seen = [i for batch in loader for i in batch["index"].tolist()]
-    assert sorted(seen) == list(range(len(spec.source)))
+    assert sorted(seen) == list(range(len(loader.source)))
     assert loader.cut == spec.all_cpu and len(loader.fallbacks) == 1
     assert any("continuing on the CPU placement" in str(w.message) for w in caught)
     reference = Loader(spec, batch_size=5, placement="cpu", seed=1)
     assert seen == [i for batch in reference for i in batch["index"].tolist()]
-
-
-def _with_cut(loader, cut):
-    class View:
-        pass
-    view = View()
-    view.__dict__.update(loader.__dict__)
-    view.cut = cut
-    view.device = torch.device("cpu")
-    return view
 
 
 def test_data_errors_and_bugs_are_not_gpu_failures():

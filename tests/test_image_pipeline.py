@@ -7,9 +7,10 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from feedline.loader import Loader
-from feedline.loader.image_runner import ImageRunner
+from feedline.loader.sources import open_source
 from feedline.loader.sampler import BatchPlan
 from feedline.pipelines import image
+from runners import image_runner
 
 # DALI's and PIL's libjpeg-turbo decode identically; the antialiased linear resizes differ only in how they
 # round the filtered value, so a pixel may differ by one level of 255 and never by more. On smooth ramps
@@ -29,6 +30,10 @@ def assert_close_uint8(got_hwc: np.ndarray, ref_hwc: np.ndarray):
     assert diff.max() <= MAX_LEVELS and diff.mean() <= MEAN_LEVELS, (diff.max(), diff.mean())
 
 
+def paths(spec):
+    return open_source(spec.source).paths
+
+
 def one_batch(spec, n, **kwargs):
     loader = Loader(spec, batch_size=n, shuffle=False, placement="cpu", **kwargs)
     return next(iter(loader))
@@ -40,28 +45,29 @@ def test_val_equals_torchvision_resize_centre_crop(image_dir, output):
     batch = one_batch(spec, 12)
     ref = v2.Compose([v2.Resize(256, antialias=True), v2.CenterCrop(224)])
     for k, i in enumerate(batch["index"].tolist()):
-        expected = np.asarray(ref(reference_pixels(spec.source.paths[i])))
+        expected = np.asarray(ref(reference_pixels(paths(spec)[i])))
         got = batch["image"][k].numpy()
         if output == "float":
             assert got.dtype == np.float32 and got.shape == (3, 224, 224)
             assert np.abs(got - (expected.transpose(2, 0, 1) / 255.0 - MEAN) / STD).max() <= 1.01 / 255 / STD.min()
             got = np.rint((got * STD + MEAN) * 255).clip(0, 255).transpose(1, 2, 0)
         assert_close_uint8(got, expected)
-    assert batch["label"].tolist() == spec.source.labels[batch["index"].numpy()].tolist()
+    assert batch["label"].tolist() == open_source(spec.source).labels[batch["index"].numpy()].tolist()
 
 
 def test_train_decodes_exactly_the_planned_window(image_dir):
     spec = image.train(image_dir, size=160, output="uint8")
-    runner = ImageRunner(spec, spec.all_cpu, torch.device("cpu"), batch_size=10, seed=5, num_threads=2, prefetch=2)
+    runner = image_runner(spec, batch_size=10, seed=5, num_threads=2)
     plan = BatchPlan(np.arange(10, dtype=np.int64), np.ones(10, bool), epoch=1)
     host = runner.host_batch(plan)
     batch, _ = next(runner.batches(iter([plan])))
-    assert 0 < host.flip.sum() < 10  # both branches exercised with this seed
+    flip = host.params[2]["flip"]
+    assert 0 < flip.sum() < 10  # both branches exercised with this seed
     for k in range(10):
-        (x, y), (w, h) = host.feeds["anchor"][k], host.feeds["shape"][k]
-        expected = np.asarray(F.resized_crop(reference_pixels(spec.source.paths[k]), int(y), int(x), int(h), int(w),
+        x, y, w, h = host.params[0]["window"][k]  # the window the decoder took from random_resized_crop
+        expected = np.asarray(F.resized_crop(reference_pixels(paths(spec)[k]), int(y), int(x), int(h), int(w),
                                              [160, 160], antialias=True))
-        if host.flip[k]:
+        if flip[k]:
             expected = expected[:, ::-1]
         assert_close_uint8(batch["image"][k].numpy(), expected)
 
@@ -113,24 +119,7 @@ def test_grayscale_and_png_decode_to_rgb(tmp_path):
     batch = one_batch(spec, 2)
     assert batch["image"].shape == (2, 224, 224, 3)
     for k, i in enumerate(batch["index"].tolist()):
-        expected = np.asarray(v2.CenterCrop(224)(v2.Resize(256, antialias=True)(reference_pixels(spec.source.paths[i]))))
+        expected = np.asarray(v2.CenterCrop(224)(v2.Resize(256, antialias=True)(reference_pixels(paths(spec)[i]))))
         assert_close_uint8(batch["image"][k].numpy(), expected)
 
 
-@pytest.mark.parametrize("output", list(image.ImageOutput))
-def test_batch_tail_equals_per_sample_tail(output):
-    """The normalize stage placed after a CPU resize on the GPU (``Finish.batch``) computes what the per-sample
-    CPU tail computes; run here on the CPU, on a GPU by the same code with another device."""
-    from feedline.loader.image_torch_ops import Finish
-
-    finish = Finish(output, image.IMAGENET_MEAN, image.IMAGENET_STD)
-    staging = Finish(image.ImageOutput.UINT8_NHWC, image.IMAGENET_MEAN, image.IMAGENET_STD)
-    gen = torch.Generator().manual_seed(0)
-    samples = torch.randint(0, 256, (5, 3, 16, 12), dtype=torch.uint8, generator=gen)
-    flip = torch.tensor([True, False, True, False, False])
-    per_sample = finish.allocate(5, 16, 12)
-    raw = staging.allocate(5, 16, 12)
-    for i in range(5):
-        finish.into(per_sample, i, samples[i], bool(flip[i]))
-        staging.into(raw, i, samples[i], False)
-    assert torch.equal(finish.batch(raw, flip), per_sample)

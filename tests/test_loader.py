@@ -1,12 +1,11 @@
 """The Loader end to end on DALI's CPU backend: coverage, sharding, resumption and the errors a user sees."""
-import shutil
 
-import numpy as np
 import pytest
 import torch
 
 from feedline.loader import DataError, Loader, PlacementError
 from feedline.loader.devices import gpu_available
+from feedline.loader.sources import open_source
 from feedline.pipelines import image
 
 from conftest import write_images
@@ -17,6 +16,10 @@ def small_train(image_dir):
     return image.train(image_dir, size=32, output="uint8")
 
 
+def listed(spec):
+    return open_source(spec.source)
+
+
 def epoch_indices(loader):
     return [i for b in loader for i in b["index"].tolist()]
 
@@ -25,7 +28,7 @@ def epoch_indices(loader):
 def test_one_epoch_yields_every_file_once(small_train, shuffle):
     loader = Loader(small_train, batch_size=8, shuffle=shuffle, seed=3, placement="cpu")
     seen = epoch_indices(loader)
-    assert sorted(seen) == list(range(len(small_train.source)))
+    assert sorted(seen) == list(range(len(listed(small_train))))
     assert len(loader) == 5  # 37 images in batches of 8, last one partial
     second = epoch_indices(loader)
     assert sorted(second) == sorted(seen)
@@ -36,8 +39,8 @@ def test_labels_follow_their_files(small_train):
     loader = Loader(small_train, batch_size=16, placement="cpu")
     for batch in loader:
         for i, label in zip(batch["index"].tolist(), batch["label"].tolist()):
-            folder = small_train.source.paths[i].split("/")[-2]
-            assert small_train.source.classes[label] == folder
+            folder = listed(small_train).paths[i].split("/")[-2]
+            assert listed(small_train).classes[label] == folder
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -51,7 +54,7 @@ def test_ranks_together_cover_the_dataset_exactly_once(small_train, world, polic
             mask = batch.get("valid", torch.ones(len(batch["index"]), dtype=torch.bool))
             assert len(batch["index"]) == len(batch["image"]) == len(mask)
             valid += batch["index"][mask].tolist()
-    assert sorted(valid) == list(range(len(small_train.source)))
+    assert sorted(valid) == list(range(len(listed(small_train))))
 
 
 def test_drop_delivers_full_batches_only(small_train):
@@ -88,7 +91,7 @@ def test_breaking_out_starts_the_next_epoch(small_train):
     next(iter(loader))
     assert loader.epoch == 0
     full = epoch_indices(loader)
-    assert loader.epoch == 1 and sorted(full) == list(range(len(small_train.source)))
+    assert loader.epoch == 1 and sorted(full) == list(range(len(listed(small_train))))
     loader.set_epoch(0)
     again = Loader(small_train, batch_size=8, seed=5, placement="cpu")
     assert epoch_indices(loader) == epoch_indices(again)
@@ -114,7 +117,7 @@ def test_gpu_placement_without_gpu_is_a_clear_error(small_train):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("placement", ["gpu", {"resize": "gpu"}, {"normalize": "gpu"}])
+@pytest.mark.parametrize("placement", ["gpu", {"random_resized_crop": "gpu"}, {"normalize": "gpu"}])
 def test_gpu_placements_equal_cpu(image_dir, placement):
     spec = image.val(image_dir, output="uint8")
     cpu = next(iter(Loader(spec, batch_size=8, shuffle=False, placement="cpu")))
@@ -156,15 +159,15 @@ def test_missing_empty_and_imageless_directories(tmp_path):
     with pytest.raises(FileNotFoundError, match="nowhere"):
         image.train(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="no class sub-folders"):
-        image.train(tmp_path)
+        Loader(image.train(tmp_path), batch_size=4)
     (tmp_path / "cats").mkdir()
     (tmp_path / "cats" / "notes.txt").write_text("not an image")
     with pytest.raises(ValueError, match="no image files"):
-        image.val(tmp_path)
+        Loader(image.val(tmp_path), batch_size=4)
 
 
 def test_file_list_source(tmp_path, image_dir):
-    src = image.train(image_dir).source
+    src = listed(image.train(image_dir))
     lines = [f"{p} {label}" for p, label in zip(src.paths[:5], src.labels[:5])]
     (tmp_path / "list.txt").write_text("\n".join(lines) + "\n")
     spec = image.val(tmp_path / "list.txt", size=32, output="uint8")
@@ -172,10 +175,10 @@ def test_file_list_source(tmp_path, image_dir):
     assert batch["label"].tolist() == src.labels[:5].tolist()
     (tmp_path / "bad.txt").write_text(f"{src.paths[0]} 0\n{src.paths[1]} cat\n")
     with pytest.raises(ValueError, match=r"bad.txt:2: label must be an integer"):
-        image.val(tmp_path / "bad.txt")
+        Loader(image.val(tmp_path / "bad.txt"), batch_size=4)
     (tmp_path / "empty.txt").write_text("\n")
     with pytest.raises(ValueError, match="lists no images"):
-        image.val(tmp_path / "empty.txt")
+        Loader(image.val(tmp_path / "empty.txt"), batch_size=4)
 
 
 def corrupt_dataset(tmp_path, name, payload):
@@ -200,16 +203,16 @@ def test_bad_files_are_named(tmp_path, name, payload, match):
 
 def test_file_deleted_after_listing(tmp_path):
     paths = write_images(tmp_path, 4, classes=1)
-    spec = image.train(tmp_path, size=32)
+    loader = Loader(image.train(tmp_path, size=32), batch_size=2, shuffle=False, placement="cpu")
     paths[2].unlink()
     with pytest.raises(DataError, match="not found") as info:
-        list(Loader(spec, batch_size=2, shuffle=False, placement="cpu"))
+        list(loader)
     assert str(paths[2]) in str(info.value)
 
 
 def test_batches_a_trainer_keeps_stay_intact(small_train):
     """Output buffers are reused only once the trainer lets go of them: kept batches are never overwritten."""
-    spec = image.train(small_train.source.origin, size=32)
+    spec = image.train(listed(small_train).origin, size=32)
     copies = [(b["index"].clone(), b["image"].clone()) for b in Loader(spec, batch_size=4, seed=1, placement="cpu")]
     kept = list(Loader(spec, batch_size=4, seed=1, placement="cpu"))
     views = [b["image"][0] for b in Loader(spec, batch_size=4, seed=1, placement="cpu")]
@@ -219,7 +222,7 @@ def test_batches_a_trainer_keeps_stay_intact(small_train):
 
 
 def test_dropped_batches_are_reused(small_train):
-    spec = image.train(small_train.source.origin, size=32)
+    spec = image.train(listed(small_train).origin, size=32)
     loader = Loader(spec, batch_size=4, seed=1, placement="cpu")
     for _ in loader:
         pass

@@ -9,12 +9,8 @@ import pytest
 from PIL import Image
 
 from feedline.benchmarks.data.images import MARKER, make_images, read_marker
-from feedline.benchmarks.image_baselines import (
-    batch_size_of,
-    decode_bound,
-    image_files,
-    measure_loader,
-)
+from feedline.benchmarks.image_baselines import decode_bound, image_files
+from feedline.loader.epochs import batch_size_of, measure_loader
 
 COUNT, CLASSES = 60, 10
 # Colour JPEGs aim at 55-140 KB and are refitted when more than 12% off target; a fit can still

@@ -4,7 +4,7 @@ import types
 
 import pytest
 
-from feedline.loader.monitors import (CpuMonitor, CpuReading, GpuMonitor, GpuReading, NoGpu, NvmlGpuMonitor,
+from feedline.loader.placement.monitors import (CpuMonitor, CpuReading, GpuMonitor, GpuReading, NoGpu, NvmlGpuMonitor,
                                       PsutilCpuMonitor, ScriptedMonitor, WaitMonitor, WaitReading)
 
 GiB = 2 ** 30

@@ -1,12 +1,15 @@
 """Placements an image or feature pipeline allows, and the DALI device of every node, checked before any build."""
 import pytest
 
-from feedline.loader import dali_graph
+import torch
+
+from feedline.loader.runners import image_graph
 from feedline.loader.errors import PlacementError
 from feedline.loader.placement import resolve
 from feedline.pipelines import image
 from feedline.pipelines.spec import PipelineSpec
-from feedline.pipelines.stage import Backend, Stage
+from feedline.pipelines.stage import Backend, PlainStage
+from runners import image_runner
 
 
 @pytest.fixture(params=["train", "val"])
@@ -14,39 +17,94 @@ def spec(request, image_dir):
     return getattr(image, request.param)(image_dir)
 
 
+def _brighten(images):
+    return images
+
+
+COMPOSED = [image.decode(roi=True), image.random_resized_crop(64), image.horizontal_flip(),
+            image.color_jitter(0.4, 0.4, 0.4, 0.1), image.custom(_brighten, backends="gpu"), image.normalize()]
+
+
 def test_every_cut_is_a_single_cpu_to_gpu_cut(spec):
-    assert spec.valid_cuts() == [1, 2, 3, 4]
+    assert spec.valid_cuts() == [1, 2, 3, 4, 5]
     for cut in spec.valid_cuts():
         backends = list(spec.backends_at(cut).values())
-        assert backends == [Backend.CPU] * cut + [Backend.GPU] * (4 - cut)
+        assert backends == [Backend.CPU] * cut + [Backend.GPU] * (5 - cut)
 
 
-def test_engine_of_every_stage_for_each_placement(spec):
-    host = spec.stages[0].name
-    expected = {
-        1: {host: "host", "decode": "dali:mixed", "resize": "dali:gpu", "normalize": "dali:gpu"},
-        2: {host: "host", "decode": "dali:cpu", "resize": "dali:gpu", "normalize": "dali:gpu"},
-        3: {host: "host", "decode": "dali:cpu", "resize": "torch:cpu", "normalize": "torch:cuda"},
-        4: {host: "host", "decode": "dali:cpu", "resize": "torch:cpu", "normalize": "torch:cpu"},
-    }
-    for cut, engines in expected.items():
-        assert dali_graph.engines(spec, cut) == engines
+# The engine of every stage of image.train for each cut: DALI decodes, on the GPU DALI keeps going for the
+# stages that have a DALI implementation, on the CPU torch runs the rest.
+TRAIN_ENGINES = {
+    1: ("dali:mixed", "dali:gpu", "dali:gpu", "dali:gpu"),
+    2: ("dali:cpu", "dali:gpu", "dali:gpu", "dali:gpu"),
+    3: ("dali:cpu", "torch:cpu", "torch:cuda", "torch:cuda"),
+    4: ("dali:cpu", "torch:cpu", "torch:cpu", "torch:cuda"),
+    5: ("dali:cpu", "torch:cpu", "torch:cpu", "torch:cpu"),
+}
 
 
-def test_dali_inputs_follow_the_placement(spec):
-    tail_in_dali = {1: True, 2: True, 3: False, 4: False}
-    for cut, in_dali in tail_in_dali.items():
-        names = set(dali_graph.inputs(spec, cut))
-        assert "encoded" in names
-        if spec.name == "image-train":
-            assert {"anchor", "shape"} <= names and ("flip" in names) == in_dali
-        else:
-            assert ({"resize_w", "resize_h", "crop_anchor"} <= names) == in_dali
+def _graph(spec, cut):
+    return image_graph.plan(spec, cut, image.infer_types(spec.stages[1:]))
+
+
+def test_engine_of_every_stage_for_each_placement(image_dir):
+    spec = image.train(image_dir)
+    for cut, engines in TRAIN_ENGINES.items():
+        assert _graph(spec, cut).engines == {"read": "host", **dict(zip([s.name for s in spec.stages[1:]], engines))}
+
+
+def test_a_stage_without_dali_leaves_dali_and_the_rest_runs_as_torch(image_dir):
+    spec = image.pipeline(image_dir, COMPOSED)
+    assert spec.valid_cuts() == [1, 2, 3, 4, 5]  # the custom stage runs on the GPU only
+    graph = _graph(spec, 1)
+    assert list(graph.engines.values()) == ["host", "dali:mixed", "dali:gpu", "dali:gpu", "torch:cuda",
+                                            "torch:cuda", "torch:cuda"]
+    assert graph.in_dali == 3 and all(step.batched for step in graph.torch_steps)
+    graph = _graph(spec, 5)
+    assert list(graph.engines.values()) == ["host", "dali:cpu", "torch:cpu", "torch:cpu", "torch:cpu",
+                                            "torch:cuda", "torch:cuda"]
+    assert [(s.gpu, s.batched) for s in graph.torch_steps] == [(False, False)] * 3 + [(True, True)] * 2
+
+
+def _walk(node):
+    """The chain of operators that make ``node``, following each one's first input: (DALI operator, the
+    device it runs on), from the output back to the external source."""
+    chain = []
+    while True:
+        op = node.source
+        chain.append((type(op._op).__name__, op._op.device))
+        if not op.inputs:
+            return chain
+        node = op.inputs[0]
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3, 4, 5])
+def test_the_dali_graph_of_every_cut(image_dir, cut):
+    """The real DALI graph is defined (not built: that needs CUDA for GPU placements) and every node's device
+    is what the placement says."""
+    from nvidia.dali import Pipeline
+
+    spec = image.train(image_dir)
+    graph = _graph(spec, cut)
+    runner = image_runner(spec, cut, batch_size=4, gpu=torch.device("cpu"))
+    names = image_graph.feed_names(graph, runner._dry_params())
+    with Pipeline(batch_size=4, num_threads=1, device_id=None):
+        nodes = _walk(image_graph.define(graph, names, lambda: None))
+    ops = [op for op, _ in reversed(nodes)]
+    if cut == 1:
+        assert ops == ["ExternalSource", "ImageSlice", "Resize", "Flip", "CropMirrorNormalize"]
+        assert [d for _, d in reversed(nodes)] == ["cpu", "mixed", "gpu", "gpu", "gpu"]
+    elif cut == 2:
+        assert ops == ["ExternalSource", "ImageSlice", "Resize", "Flip", "CropMirrorNormalize"]
+        assert [d for _, d in reversed(nodes)] == ["cpu", "cpu", "gpu", "gpu", "gpu"]
+    else:  # DALI only decodes, on the CPU; torch does the rest
+        assert ops == ["ExternalSource", "ImageSlice"] and {d for _, d in nodes} == {"cpu"}
+    assert set(names) == {"encoded", "0.anchor", "0.shape"} | ({"2.flip"} if cut <= 2 else set())
 
 
 def test_named_placements(spec):
-    assert resolve(spec, "cpu", gpu_available=False) == 4
-    assert resolve(spec, "auto", gpu_available=False) == 4
+    assert resolve(spec, "cpu", gpu_available=False) == 5
+    assert resolve(spec, "auto", gpu_available=False) == 5
     assert resolve(spec, "auto", gpu_available=True) == 1
     assert resolve(spec, "gpu", gpu_available=True) == 1
     with pytest.raises(PlacementError, match="needs a CUDA GPU"):
@@ -54,11 +112,12 @@ def test_named_placements(spec):
 
 
 def test_mappings(spec):
-    assert resolve(spec, {"resize": "gpu"}, gpu_available=True) == 2
-    assert resolve(spec, {"decode": "cpu", "normalize": "gpu"}, gpu_available=True) == 3
-    assert resolve(spec, {"decode": "cpu"}, gpu_available=False) == 4
+    second = spec.stages[2].name  # random_resized_crop or resize
+    assert resolve(spec, {second: "gpu"}, gpu_available=True) == 2
+    assert resolve(spec, {"decode": "cpu", "normalize": "gpu"}, gpu_available=True) == 4
+    assert resolve(spec, {"decode": "cpu"}, gpu_available=False) == 5
     with pytest.raises(ValueError, match="cannot return from the GPU"):
-        resolve(spec, {"decode": "gpu", "resize": "cpu"}, gpu_available=True)
+        resolve(spec, {"decode": "gpu", second: "cpu"}, gpu_available=True)
     with pytest.raises(ValueError, match="no stage|does not have"):
         resolve(spec, {"crop": "gpu"}, gpu_available=True)
     with pytest.raises(ValueError, match="'cpu' or 'gpu'"):
@@ -87,8 +146,18 @@ class Src:
 
 def test_spec_checks_data_flow():
     with pytest.raises(ValueError, match="consumes"):
-        PipelineSpec("p", Src(), (Stage("a", ("y",), ("z",)),), ("z",))
+        PipelineSpec("p", Src(), (PlainStage("a", ("y",), ("z",)),), ("z",))
     with pytest.raises(ValueError, match="never produced"):
-        PipelineSpec("p", Src(), (Stage("a", ("x",), ("z",)),), ("w",))
+        PipelineSpec("p", Src(), (PlainStage("a", ("x",), ("z",)),), ("w",))
     with pytest.raises(ValueError, match="repeat"):
-        PipelineSpec("p", Src(), (Stage("a", ("x",), ("z",)), Stage("a", ("z",), ("w",))), ("w",))
+        PipelineSpec("p", Src(), (PlainStage("a", ("x",), ("z",)), PlainStage("a", ("z",), ("w",))), ("w",))
+
+
+def test_the_readme_shows_the_generated_placement_tables(image_dir):
+    from pathlib import Path
+
+    from feedline.loader.placement.report import stage_table
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    for recipe in (image.train, image.val):
+        assert stage_table(recipe(image_dir)) in readme

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from feedline.loader import DataError, Loader
+from feedline.loader.sources import open_source
 from feedline.pipelines import image
 
 from conftest import _photo_like
@@ -41,7 +42,7 @@ def test_any_bytes_arrive_or_are_named(tmp_path_factory, payload):
     odd = folder / "odd.jpg"
     odd.write_bytes(payload)
     spec = image.train(root, size=24, output="uint8")
-    odd_index = spec.source.paths.index(str(odd))
+    odd_index = open_source(spec.source).paths.index(str(odd))
     try:
         delivered = [i for b in Loader(spec, batch_size=2, shuffle=False, placement="cpu") for i in b["index"].tolist()]
         assert sorted(delivered) == [0, 1, 2, 3]

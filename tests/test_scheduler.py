@@ -10,25 +10,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedline.loader.errors import PlacementError
-from feedline.loader.monitors import GpuReading, WaitReading
-from feedline.loader.plan_report import plan_dict, plan_table
-from feedline.loader.scheduler import (DEMAND_HEADROOM, GPU_SATURATED, STABLE_WINDOW_CONFIRMS, Measurements, Plan,
+from feedline.loader.placement.monitors import GpuReading, WaitReading
+from feedline.loader.placement.report import plan_dict, plan_table
+from feedline.loader.placement.scheduler import (DEMAND_HEADROOM, GPU_SATURATED, STABLE_WINDOW_CONFIRMS, Measurements, Plan,
                                        Resources, Scheduler, StageCost, prefetch_depth, trainer_load)
-from feedline.pipelines import image
-from feedline.pipelines.stage import Backend, Stage
+from feedline.pipelines.spec import PipelineSpec
+from feedline.pipelines.stage import Backend, PlainStage
 
 GiB = 2 ** 30
 BOTH = frozenset({Backend.CPU, Backend.GPU})
 CPU_ONLY = frozenset({Backend.CPU})
 BATCH = 256
 
-# The image-train stages (see feedline.pipelines.image), with costs of a CPU-bound JPEG pipeline:
+# Image stages as the first image-train recipe had them, with costs of a CPU-bound JPEG pipeline:
 # decoding takes 8 ms of a core per image, 0.15 ms of an idle GPU.
 IMAGE_STAGES = [
-    Stage("crop_window", ("encoded",), ("window", "flip"), CPU_ONLY),
-    Stage("decode", ("encoded", "window"), ("decoded",), BOTH),
-    Stage("resize", ("decoded",), ("resized",), BOTH),
-    Stage("normalize", ("resized", "flip"), ("image",), BOTH),
+    PlainStage("crop_window", ("encoded",), ("window", "flip"), CPU_ONLY),
+    PlainStage("decode", ("encoded", "window"), ("decoded",), BOTH),
+    PlainStage("resize", ("decoded",), ("resized",), BOTH),
+    PlainStage("normalize", ("resized", "flip"), ("image",), BOTH),
 ]
 IMAGE_COSTS = (
     StageCost("crop_window", 20e-6, None, 32),
@@ -129,8 +129,11 @@ def test_threads_stop_where_the_trainer_is_served():
     assert "keeps up with the trainer" in plan.stages[1].reason
 
 
-def test_idle_gpu_takes_decode_and_augmentation_from_a_cpu_bound_pipeline(image_dir):
-    spec = image.train(image_dir)
+def test_idle_gpu_takes_decode_and_augmentation_from_a_cpu_bound_pipeline():
+    class Encoded:
+        produces = ("encoded",)
+
+    spec = PipelineSpec("image", Encoded(), tuple(IMAGE_STAGES), ("image",))
     s = Scheduler(spec, batch_size=BATCH, output_device=Backend.GPU)
     plan = s.decide(image_measurements(busy=0.2))
     assert plan.cut == EARLIEST_GPU_CUT == min(spec.valid_cuts())
@@ -225,7 +228,7 @@ def test_trainer_load_removes_the_pipelines_own_load():
 
 
 def test_no_placement_possible_is_an_error():
-    stages = [Stage("gpu_only", ("raw",), ("out",), frozenset({Backend.GPU}))]
+    stages = [PlainStage("gpu_only", ("raw",), ("out",), frozenset({Backend.GPU}))]
     s = Scheduler(stages, batch_size=8)
     m = Measurements((StageCost("gpu_only", None, 1e-4, 10),), 10, Resources(4, 0.0, None))
     with pytest.raises(PlacementError, match="no GPU on this machine"):
@@ -321,7 +324,7 @@ def test_noisy_readings_of_steady_conditions_never_move(busy):
 
 
 # A two-stage feature pipeline that may run all on the GPU (cut 0) or all on the CPU (cut 2).
-FEATURE_STAGES = [Stage("parse", ("raw",), ("fields",), BOTH), Stage("hash", ("fields",), ("ids",), BOTH)]
+FEATURE_STAGES = [PlainStage("parse", ("raw",), ("fields",), BOTH), PlainStage("hash", ("fields",), ("ids",), BOTH)]
 
 
 def feature_measurements(gpu_gain):

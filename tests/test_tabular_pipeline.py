@@ -15,7 +15,9 @@ from sklearn.utils import murmurhash3_32
 from feedline import ops
 from feedline.loader.devices import gpu_available
 from feedline.loader.errors import PlacementError
-from feedline.loader.feature_runner import FeatureRunner, _normalize_memo
+from feedline.pipelines.features import normalize_dense_memo
+from feedline.loader.sources import open_source
+from runners import batches, feature_runner
 from feedline.loader.sampler import BatchPlan, EpochSampler
 from feedline.pipelines.tabular import (Categorical, Column, ColumnKind, Cross, Dense, MultiHot, Schema,
                                         TabularFiles, tabular)
@@ -61,8 +63,8 @@ def expected(rows):
 
 @pytest.mark.parametrize("rows", [[0, 1, 2, 3, 4, 5], [5, 3, 1], [4]])
 def test_rows_match_an_independent_computation(spec, rows):
-    runner = FeatureRunner(spec, spec.all_cpu, "cpu")
-    (batch,) = runner.batches(iter([BatchPlan(np.array(rows), np.ones(len(rows), bool))]))
+    runner = feature_runner(spec)
+    (batch,) = batches(runner, [BatchPlan(np.array(rows), np.ones(len(rows), bool))])
     label, dense, values, lengths = expected(rows)
     np.testing.assert_array_equal(batch["label"].numpy(), label)
     assert np.abs(batch["dense"].numpy().view(np.int32) - dense.view(np.int32)).max() <= 1
@@ -75,9 +77,9 @@ def test_rows_match_an_independent_computation(spec, rows):
 
 def test_worker_errors_reach_the_consumer_with_context(spec, monkeypatch):
     before = {t for t in threading.enumerate() if t.name.startswith("feedline-features")}  # other tests' pools
-    runner = FeatureRunner(spec, spec.all_cpu, "cpu", num_threads=2, prefetch=2)
+    runner = feature_runner(spec, num_threads=2, prefetch=2)
     calls = []
-    real = runner.reader.read
+    real = runner.source.read
 
     def flaky(rows):
         calls.append(rows)
@@ -85,12 +87,12 @@ def test_worker_errors_reach_the_consumer_with_context(spec, monkeypatch):
             raise OSError("disk went away")
         return real(rows)
 
-    monkeypatch.setattr(runner.reader, "read", flaky)
+    monkeypatch.setattr(runner.source, "read", flaky)
     plans = EpochSampler(6, 1, shuffle=False).epoch(0)
     stream = runner.batches(iter(plans))
     got = []
     with pytest.raises(OSError, match="disk went away") as info:
-        for batch in stream:
+        for batch, _ in stream:
             got.append(batch)
     assert len(got) == 2
     assert any("feedline feature worker thread" in note for note in getattr(info.value, "__notes__", []))
@@ -99,15 +101,13 @@ def test_worker_errors_reach_the_consumer_with_context(spec, monkeypatch):
 
 def test_arguments_are_checked(spec):
     with pytest.raises(ValueError, match="cut must be one of"):
-        FeatureRunner(spec, 0, "cpu")
+        feature_runner(spec, 0)
     with pytest.raises(ValueError, match="prefetch"):
-        FeatureRunner(spec, spec.all_cpu, "cpu", prefetch=0)
+        feature_runner(spec, prefetch=0)
     with pytest.raises(ValueError, match="num_threads"):
-        FeatureRunner(spec, spec.all_cpu, "cpu", num_threads=0)
-    with pytest.raises(TypeError, match="tabular pipelines"):
-        FeatureRunner(object(), 1, "cpu")
+        feature_runner(spec, num_threads=0)
     with pytest.raises(PlacementError, match="CUDA device"):
-        FeatureRunner(spec, 1, "cpu")
+        feature_runner(spec, 1)
 
 
 def test_cpu_placement_never_imports_cupy(tmp_path):
@@ -115,12 +115,15 @@ def test_cpu_placement_never_imports_cupy(tmp_path):
 import sys
 import numpy as np
 from feedline.benchmarks.data.criteo import make_criteo
-from feedline.loader.feature_runner import FeatureRunner
+from feedline.loader.runners import RunnerConfig
+from feedline.loader.runners.features import FeatureRunner
 from feedline.loader.sampler import EpochSampler
+from feedline.loader.sources import open_source
 from feedline.pipelines.criteo import criteo
+import torch
 make_criteo({str(tmp_path / 'd.tsv')!r}, 100, seed=0)
 spec = criteo({str(tmp_path / 'd.tsv')!r})
-runner = FeatureRunner(spec, spec.all_cpu, "cpu")
+runner = FeatureRunner(spec, open_source(spec.source), RunnerConfig(spec.all_cpu, torch.device("cpu"), 32))
 for batch in runner.batches(iter(EpochSampler(100, 32).epoch(0))):
     pass
 assert "cupy" not in sys.modules, "cupy was imported"
@@ -135,7 +138,7 @@ def test_memoised_normalize_is_bit_identical_to_ops():
                         np.array([np.nan, np.inf, -np.inf, -1, -0.0, 0.0, 0.5, 65535, 65536, -1024, -1025], np.float32)])
     for fill, clip, log in [(0.0, 0.0, True), (3.5, None, True), (0.0, -5.0, False), (-2.0, None, True)]:
         want = ops.normalize_dense(x, fill, clip, log).view(np.uint32)
-        assert np.array_equal(_normalize_memo(x, fill, clip, log).view(np.uint32), want)
+        assert np.array_equal(normalize_dense_memo(x, fill, clip, log).view(np.uint32), want)
 
 
 @pytest.mark.gpu
@@ -146,12 +149,12 @@ def test_every_gpu_cut_gives_the_cpu_batches(spec, tmp_path):
 
     make_criteo(tmp_path / "d.tsv", 3000, seed=0)
     for pipeline in (spec, criteo(tmp_path / "d.tsv")):
-        n = len(pipeline.source)
-        plans = EpochSampler(n, 512, shuffle=True, last_batch="pad").epoch(0)
-        cpu = list(FeatureRunner(pipeline, pipeline.all_cpu, "cpu").batches(iter(plans)))
+        source = open_source(pipeline.source)
+        plans = EpochSampler(len(source), 512, shuffle=True, last_batch="pad").epoch(0)
+        cpu = batches(feature_runner(pipeline, source=source), plans)
         for cut in pipeline.valid_cuts():
-            gpu = list(FeatureRunner(pipeline, cut, "cuda").batches(iter(plans)))
-            for a, b in zip(cpu, gpu):
+            gpu = batches(feature_runner(pipeline, cut, "cuda", source=source), plans)
+            for a, b in zip(cpu, gpu, strict=True):
                 for key in a:
                     if key == "sparse":
                         for k in ("values", "lengths", "offsets"):
@@ -163,8 +166,11 @@ def test_every_gpu_cut_gives_the_cpu_batches(spec, tmp_path):
 def test_one_buffer_carries_a_batch_across(spec):
     """What crosses to the GPU is packed into one host buffer; unpacking views it back, here with NumPy and
     CPU torch standing in for CuPy and CUDA torch (the same slicing and dtype views)."""
-    from feedline.loader.feature_runner import _cupy_view, _pack, _torch_view, _unpack
-    from feedline.loader.tabular_io import ListColumn
+    from feedline.loader.runners.transfer import cupy_view as _cupy_view
+    from feedline.loader.runners.transfer import pack as _pack
+    from feedline.loader.runners.transfer import torch_view as _torch_view
+    from feedline.loader.runners.transfer import unpack as _unpack
+    from feedline.loader.sources.tabular import ListColumn
 
     data = {"label": np.arange(5, dtype=np.float32), "dense": np.ones((5, 3), np.float32),
             "ids": np.arange(10, dtype=np.int64).reshape(2, 5), "valid": np.array([1, 0, 1, 1, 0], bool),

@@ -1,6 +1,8 @@
 """Declaring tabular pipelines: every schema field is checked, the stages and placements are as declared."""
 import pytest
 
+from feedline.loader.sources import open_source
+
 from feedline.pipelines.criteo import criteo
 from feedline.pipelines.stage import Backend
 from feedline.pipelines.tabular import (Categorical, Column, ColumnKind, Cross, Dense, FileFormat, MultiHot,
@@ -73,7 +75,7 @@ def test_full_schema_declares_stages_and_placements():
     assert spec.stage("parse").backends == frozenset({Backend.CPU})
     assert all(s.backends == frozenset(Backend) for s in spec.stages[1:])
     assert spec.outputs == ("label", "dense", "sparse")
-    assert spec.stage("assemble").params["keys"] == ("city", "city_x_shop", "age", "tags")
+    assert spec.stage("assemble").keys == ("city", "city_x_shop", "age", "tags")
     assert spec.valid_cuts() == [1, 2, 3, 4, 5]
     for cut in spec.valid_cuts():
         backends = spec.backends_at(cut)
@@ -93,7 +95,7 @@ def test_criteo_spec():
     assert spec.source.format is FileFormat.TSV and spec.source.on_error is OnError.SKIP
     assert spec.source.paths == ("a.tsv.gz", "b.tsv")
     assert spec.source.produces == ("label", *[f"I{i}" for i in range(1, 14)], *[f"C{i}" for i in range(1, 27)])
-    assert [seed for _, _, seed in spec.stage("hash").params["categorical"]] == list(range(26))
+    assert [seed for _, _, seed in spec.stage("hash").categorical] == list(range(26))
     assert criteo("a.parquet").source.format is FileFormat.PARQUET
     assert spec.cut_from_mapping({"hash": "gpu"}) == 2
     with pytest.raises(ValueError, match="parse"):
@@ -103,7 +105,7 @@ def test_criteo_spec():
 def test_specs_are_declarations_only(tmp_path):
     spec = criteo(tmp_path / "not-there-yet.tsv")  # nothing is opened until the data is needed
     with pytest.raises(FileNotFoundError):
-        len(spec.source)
+        open_source(spec.source)
 
 
 def test_schema_without_sparse_or_label():
@@ -112,12 +114,13 @@ def test_schema_without_sparse_or_label():
     assert spec.outputs == ("dense",)
 
 
-def test_opened_files_pickle_without_their_reader(tmp_path):
+def test_pipeline_definitions_pickle(tmp_path):
+    """A definition is a declaration: it pickles (to ship it to other processes) and opening the copy reads
+    the same rows."""
     import pickle
 
     path = tmp_path / "d.tsv"
     path.write_text("\t".join(["1"] + ["2"] * 13 + ["ab"] * 26) + "\n")
     spec = criteo(path)
-    assert len(spec.source) == 1
-    copy = pickle.loads(pickle.dumps(spec.source))
-    assert copy == spec.source and "_reader" not in copy.__dict__ and len(copy) == 1
+    copy = pickle.loads(pickle.dumps(spec))
+    assert copy == spec and len(open_source(copy.source)) == 1

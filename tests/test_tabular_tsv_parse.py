@@ -3,7 +3,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from feedline.loader.tsv_parse import EMPTY, OK, join_lines, parse_lines
+from feedline.loader.sources.tsv_parse import EMPTY, OK, join_lines, parse_lines
 from feedline.pipelines.tabular import Column, ColumnKind
 
 INT64_MAX = 2**63 - 1

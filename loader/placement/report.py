@@ -1,6 +1,11 @@
 """A plan and the measurements behind it, as a table for people (``feedline plan``) and as JSON-able data."""
 from __future__ import annotations
 
+from ...pipelines.image import infer_types
+from ...pipelines.image_sources import FileList, ImageFolder
+from ...pipelines.spec import PipelineSpec
+from ...pipelines.stage import Backend
+from ..runners import image_graph
 from .scheduler import Measurements, Plan, format_bytes, format_ms
 
 COLUMNS = ("stage", "CPU ms/batch", "GPU ms/batch", "bytes out/sample", "backend", "reason")
@@ -63,7 +68,11 @@ def plan_dict(plan: Plan, measurements: Measurements, measured_samples_per_s: fl
 def plan_table(plan: Plan, measurements: Measurements, measured_samples_per_s: float | None = None) -> str:
     """One row per stage (its cost on each backend, bytes out, where it runs and why), then the predicted
     and, when known, measured throughput."""
-    data = plan_dict(plan, measurements, measured_samples_per_s)
+    return format_plan(plan_dict(plan, measurements, measured_samples_per_s))
+
+
+def format_plan(data: dict) -> str:
+    """``plan_table`` from the data of ``plan_dict`` (also what ``Loader.plan`` holds under auto placement)."""
     no_gpu = data["gpu"] is None
 
     def ms(value: float | None, gpu: bool) -> str:
@@ -100,3 +109,29 @@ def plan_table(plan: Plan, measurements: Measurements, measured_samples_per_s: f
     lines.append(f"CPU        {data['cores']} cores, trainer uses {data['trainer_cpu_cores_busy']:.1f}")
     lines.append(f"why        {data['reason']}")
     return "\n".join(lines)
+
+
+_ENGINE_WORDS = {"host": "host (Python)", "dali:cpu": "DALI", "dali:mixed": "DALI `mixed` (nvJPEG)",
+                 "dali:gpu": "DALI", "torch:cpu": "torch", "torch:cuda": "torch"}
+
+
+def stage_table(spec: PipelineSpec) -> str:
+    """A Markdown table of ``spec``'s stages: what each does and what runs it on the CPU and on the GPU,
+    generated from the stage declarations and the engine rules of the runners."""
+    engines = _engines(spec)
+    rows = ["| stage | does | CPU | GPU |", "| --- | --- | --- | --- |"]
+    for stage in spec.stages:
+        cpu, gpu = engines[stage.name]
+        rows.append(f"| `{stage.name}` | {stage.describe()} | {cpu} | {gpu} |")
+    return "\n".join(rows)
+
+
+def _engines(spec: PipelineSpec) -> dict[str, tuple[str, str]]:
+    if not isinstance(spec.source, (ImageFolder, FileList)):
+        return {s.name: ("NumPy" if s.runs_on(Backend.CPU) else "-", "CuPy" if s.runs_on(Backend.GPU) else "-")
+                for s in spec.stages}
+    types = infer_types(spec.stages[1:])
+    on_cpu = image_graph.plan(spec, spec.all_cpu, types).engines
+    on_gpu = image_graph.plan(spec, min(spec.valid_cuts()), types).engines
+    return {s.name: (_ENGINE_WORDS[on_cpu[s.name]] if s.runs_on(Backend.CPU) else "-",
+                     _ENGINE_WORDS[on_gpu[s.name]] if s.runs_on(Backend.GPU) else "-") for s in spec.stages}

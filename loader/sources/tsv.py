@@ -16,10 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .devices import available_cores
-
-from ..pipelines.tabular import OnError, TabularFiles
-from .tabular_io import MissingFileError, RowError, ScalarColumn, SkippedRow, check_rows
+from ..devices import available_cores
+from ...pipelines.tabular import TabularFiles
+from ..errors import Skipped
+from .tabular import bad_row, MissingFileError, RowError, ScalarColumn, check_rows
 from .tsv_parse import PAD, parse_lines
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -31,7 +31,7 @@ class TsvSource:
     def __init__(self, files: TabularFiles):
         self.columns = files.columns
         self.on_error = files.on_error
-        self.skipped: list[SkippedRow] = []
+        self.skipped: list[Skipped] = []
         self._paths = files.paths
         # Columns are kept row-major, one block per column kind (a row's fields lie together, so gathering the
         # rows of a shuffled batch touches one or two cache lines per row, not one per field).
@@ -52,10 +52,11 @@ class TsvSource:
         if self.num_rows == 0:
             raise RowError(", ".join(files.paths), None, f"no good rows ({len(self.skipped)} skipped)")
 
+    def __len__(self) -> int:
+        return self.num_rows
+
     def _bad(self, path: str, line: int | None, reason: str) -> None:
-        if self.on_error is OnError.RAISE:
-            raise RowError(path, line, reason)
-        self.skipped.append(SkippedRow(path, line, reason))
+        bad_row(self.on_error, self.skipped, path, line, reason)
 
     def _parse_file(self, path: str, buf: np.ndarray) -> tuple[list, np.ndarray]:
         """Every good line's values (a block per kind) and missing bits, parsed in chunks on several threads

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..pipelines.tabular import ColumnKind, Column
+from ...pipelines.tabular import ColumnKind, Column
 
 PAD = 8  # filler before the first line, so an 8-byte word ending at any field starts inside the buffer
 _FILLER = b"0" * (PAD - 1)

@@ -1,40 +1,64 @@
-"""Image sources: an ImageFolder-style directory or a file list with labels, listed once, in a fixed order."""
+"""Opening an image source: listing an ImageFolder-style directory or a file list once, in a fixed order, and
+reading a sample's bytes and header size by its index."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import threading
 from pathlib import Path
 
 import numpy as np
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+from ...pipelines.image_sources import IMAGE_EXTENSIONS, FileList, ImageFolder
+from .image_headers import DEFAULT_MAX_PIXELS, displayed_size, read_bytes
 
 
-@dataclass(frozen=True, eq=False)
 class ImageFiles:
-    """Every sample's path and integer label; ``origin`` is the directory or list file it came from."""
+    """Every sample's path and integer label; ``origin`` is the directory or list file it came from. Header
+    sizes are read once per sample, when first needed, and kept."""
 
-    paths: tuple[str, ...]
-    labels: np.ndarray  # int64
-    classes: tuple[str, ...]
-    origin: str
-    produces = ("encoded", "label")
+    def __init__(self, paths: tuple[str, ...], labels: np.ndarray, classes: tuple[str, ...], origin: str):
+        self.paths = paths
+        self.labels = labels  # int64
+        self.classes = classes
+        self.origin = origin
+        self._sizes = np.full((len(paths), 2), -1, dtype=np.int64)
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.paths)
 
+    def where(self, index: int) -> str:
+        return self.paths[index]
 
-def image_files(data: str | os.PathLike) -> ImageFiles:
-    """List ``data``: a directory of class folders (ImageFolder layout), or a text file whose lines are
-    ``<path> <label>`` (paths relative to the list file's folder unless absolute)."""
-    if not isinstance(data, (str, os.PathLike)):
-        raise TypeError(f"data must be a path to an image directory or a file list, got {type(data).__name__}")
-    path = Path(data)
-    if not path.exists():
-        raise FileNotFoundError(f"image data not found: {str(path)!r} does not exist")
-    if path.is_dir():
-        return _from_folder(path)
-    return _from_list(path)
+    def read(self, index: int) -> np.ndarray:
+        """The encoded bytes of sample ``index`` (uint8); a DataError names the file if they cannot be read."""
+        return read_bytes(self.paths[index])
+
+    def size(self, index: int, data: np.ndarray, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+        """(width, height) as decoded and oriented, from the header of ``data`` (read once, then kept)."""
+        size = self._sizes[index]
+        if size[0] < 0:
+            w, h = displayed_size(data, self.paths[index], max_pixels)
+            with self._lock:
+                size[:] = (w, h)
+        return size
+
+    def encoded_bytes(self, indices) -> float:
+        """Mean size on disk of the given samples."""
+        return float(np.mean([os.path.getsize(self.paths[i]) for i in indices]))
+
+    def decoded_bytes(self) -> float:
+        """Mean uint8 RGB bytes of the images whose headers were read so far (0 before any)."""
+        known = self._sizes[self._sizes[:, 0] > 0]
+        return float(known.prod(axis=1).mean() * 3) if known.size else 0.0
+
+
+def open_folder(source: ImageFolder) -> ImageFiles:
+    return _from_folder(Path(source.root))
+
+
+def open_list(source: FileList) -> ImageFiles:
+    return _from_list(Path(source.path))
 
 
 def _from_folder(root: Path) -> ImageFiles:

@@ -14,8 +14,9 @@ import os
 
 import numpy as np
 
-from ..pipelines.tabular import Column, ColumnKind, OnError, TabularFiles
-from .tabular_io import ListColumn, MissingFileError, RowError, ScalarColumn, SkippedRow, check_rows
+from ...pipelines.tabular import Column, ColumnKind, OnError, TabularFiles
+from ..errors import Skipped
+from .tabular import bad_row, ListColumn, MissingFileError, RowError, ScalarColumn, check_rows
 from .tsv_parse import NOT_NUMBER, OK, PAD, parse_hex
 
 _INT64_MAX = float(2**63)
@@ -25,7 +26,7 @@ class ParquetSource:
     def __init__(self, files: TabularFiles):
         self.columns = files.columns
         self.on_error = files.on_error
-        self.skipped: list[SkippedRow] = []
+        self.skipped: list[Skipped] = []
         parts = [self._load(path) for path in files.paths]
         parts = [p for p in parts if p is not None]
         self.num_rows = sum(p[0] for p in parts)
@@ -33,10 +34,11 @@ class ParquetSource:
             raise RowError(", ".join(files.paths), None, f"no good rows ({len(self.skipped)} skipped)")
         self._columns = {c.name: _concat([p[1][c.name] for p in parts]) for c in self.columns}
 
+    def __len__(self) -> int:
+        return self.num_rows
+
     def _bad(self, path: str, line: int | None, reason: str) -> None:
-        if self.on_error is OnError.RAISE:
-            raise RowError(path, line, reason)
-        self.skipped.append(SkippedRow(path, line, reason))
+        bad_row(self.on_error, self.skipped, path, line, reason)
 
     def _load(self, path: str):
         import pyarrow as pa

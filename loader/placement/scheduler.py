@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
-from ..pipelines.spec import PipelineSpec
-from ..pipelines.stage import Backend, Stage
-from .errors import PlacementError
+from ...pipelines.spec import PipelineSpec
+from ...pipelines.stage import Backend, Stage
+from ..errors import PlacementError
 from .monitors import GpuReading, WaitReading
 
 GPU_SATURATED = 0.95

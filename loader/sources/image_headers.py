@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 from PIL import Image
 
-from .errors import DataError
+from ..errors import DataError
 
 _ORIENTATION = 0x0112
 _TRANSPOSED = {5, 6, 7, 8}

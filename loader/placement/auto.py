@@ -2,18 +2,21 @@
 re-plan from live readings (CPU and GPU use, the trainer's waits and steps) while the trainer runs."""
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 import time
 from typing import Any, Callable
 
 import torch
 
-from ..pipelines.spec import PipelineSpec
-from .devices import gpu_available
-from .epochs import endless
+from ...pipelines.spec import PipelineSpec
+from ..devices import gpu_available
+from ..runners.contract import RunnerConfig
+from ..sampler import EpochSampler, LastBatch
 from .monitors import NoGpu, NvmlGpuMonitor, PsutilCpuMonitor, WaitMonitor
-from .plan_report import plan_dict, plan_table
-from .profiler import Profile, profile
+from .profiler import Profile, RunnerFactory, profile
+from .report import plan_dict, plan_table
 from .scheduler import Measurements, Plan, Resources, Scheduler, trainer_load
 
 log = logging.getLogger("feedline")
@@ -25,13 +28,21 @@ PROBE_SEED = 12345
 
 
 class AutoPlacement:
-    def __init__(self, spec: PipelineSpec, batch_size: int, device: torch.device, cores: int, *,
-                 replan_every_s: float = REPLAN_EVERY_S, clock: Callable[[], float] = time.monotonic):
+    """``config`` is the Loader's runner configuration (batch size, device, ...); ``runners`` makes a runner
+    for a configuration, over the Loader's opened source of ``num_samples`` samples. Probes and profiling run
+    on runners of their own, never on the Loader's."""
+
+    def __init__(self, spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, num_samples: int,
+                 cores: int, *, replan_every_s: float = REPLAN_EVERY_S, clock: Callable[[], float] = time.monotonic):
+        device, batch_size = config.device, config.batch_size
         on_gpu = device.type == "cuda" and gpu_available()
         # Without a GPU every GPU cut is ruled out by the readings (and says so); with one, batches wanted on
         # the CPU keep the whole pipeline there.
         cuts = [spec.all_cpu] if gpu_available() and not on_gpu else spec.valid_cuts()
         self.spec = spec
+        self.config = config
+        self.runners = runners
+        self.num_samples = num_samples
         self.batch_size = batch_size
         self.device = device
         self.scheduler = Scheduler(spec, cuts, batch_size=batch_size, output_device="gpu" if on_gpu else "cpu",
@@ -56,7 +67,8 @@ class AutoPlacement:
     def start(self) -> Plan:
         """Profile the pipeline, choose the first plan, and check its thread count by measuring."""
         started = time.perf_counter()
-        self.profile = profile(self.spec, self.batch_size, device=self.device)
+        self.profile = profile(self.spec, self.config, self.runners, self.num_samples,
+                               gpu=gpu_available() and self.device.type == "cuda")
         self.last = self._measurements(None)
         plan = self.scheduler.update(self.last)
         plan = self._check_threads(plan)
@@ -93,12 +105,9 @@ class AutoPlacement:
             f"{plan.threads}: the consumer thread needs a core too"))
 
     def _probe(self, cut: int, threads: int) -> "_Probe":
-        from .loader import Loader
-
-        mapping = {s.name: b.value for s, b in zip(self.spec.stages, self.spec.backends_at(cut).values())}
-        loader = Loader(self.spec, self.batch_size, placement=mapping, device=self.device, num_threads=threads,
-                        shuffle=True, seed=PROBE_SEED, last_batch="drop")
-        return _Probe(loader, self.device)
+        config = dataclasses.replace(self.config, cut=cut, num_threads=threads, seed=PROBE_SEED)
+        sampler = EpochSampler(self.num_samples, self.batch_size, seed=PROBE_SEED, last_batch=LastBatch.DROP)
+        return _Probe(self.runners(config), sampler, self.device)
 
     def _measurements(self, samples_per_s: float | None) -> Measurements:
         cpu = self.cpu.sample()
@@ -145,6 +154,7 @@ class AutoPlacement:
             return {"placement": "auto", "status": "not profiled yet (profiling runs at the first iteration)"}
         out = plan_dict(plan, self.last)
         out["profile_seconds"] = self.profile.seconds
+        out["profile_samples"] = self.profile.samples
         out["start_seconds"] = self.start_seconds
         out["thread_check_samples_per_s"] = {str(k): v for k, v in self.thread_check.items()}
         out["history"] = [{"time": m.time, "from": m.old.placement if m.old else None, "to": m.new.placement,
@@ -156,10 +166,12 @@ class AutoPlacement:
 class _Probe:
     """Times one placement on batches outside the trainer's epochs: each call runs at least CHECK_SECONDS."""
 
-    def __init__(self, loader, device: torch.device):
-        self.loader = loader
+    def __init__(self, runner, sampler: EpochSampler, device: torch.device):
+        self.runner = runner
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        self.stream = endless(lambda: loader)
+        plans = (plan for epoch in itertools.count() for plan in sampler.epoch(epoch))
+        self.batches = runner.batches(plans)
+        self.stream = (batch for batch, _ in self.batches if batch is not None)
         next(self.stream)  # build and warm up
 
     def __call__(self) -> float:
@@ -173,4 +185,5 @@ class _Probe:
 
     def close(self) -> None:
         self.stream.close()
-        self.loader.close()
+        self.batches.close()
+        self.runner.close()

@@ -1,4 +1,4 @@
-"""What every tabular reader shares: its errors, the columns it returns, and opening the right reader.
+"""What every tabular reader shares: its errors, the columns it returns, and what a bad row does.
 
 A reader validates every row when it is opened, so ``num_rows`` counts good rows only: with
 ``OnError.RAISE`` the first bad row raises :class:`RowError` naming file and 1-based line (Parquet: row), with
@@ -11,8 +11,8 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from ..pipelines.tabular import FileFormat, TabularFiles
-from .errors import DataError
+from ...pipelines.on_error import OnError
+from ..errors import DataError, Skipped
 
 
 class RowError(DataError):
@@ -32,12 +32,6 @@ class MissingFileError(RowError, FileNotFoundError):
         super().__init__(file, None, reason)
 
 
-class SkippedRow(NamedTuple):
-    file: str
-    line: int | None
-    reason: str
-
-
 class ScalarColumn(NamedTuple):
     values: np.ndarray   # int64 or float64, one per row; meaningless where missing
     missing: np.ndarray  # bool
@@ -50,19 +44,18 @@ class ListColumn(NamedTuple):
 
 class TabularReader(Protocol):
     num_rows: int
-    skipped: list[SkippedRow]
+    skipped: list[Skipped]
 
     def read(self, rows: np.ndarray) -> dict[str, ScalarColumn | ListColumn]:
         """The given rows (0-based over all files, any order, repeats allowed), every declared column."""
         ...
 
 
-def open_reader(files: TabularFiles) -> TabularReader:
-    if files.format is FileFormat.TSV:
-        from .tsv_source import TsvSource
-        return TsvSource(files)
-    from .parquet_source import ParquetSource
-    return ParquetSource(files)
+def bad_row(on_error: OnError, skipped: list[Skipped], file: str, line: int | None, reason: str) -> None:
+    """Raise a RowError for the row, or (``OnError.SKIP``) list it in ``skipped``."""
+    if on_error is OnError.RAISE:
+        raise RowError(file, line, reason)
+    skipped.append(Skipped(file if line is None else f"{file}:{line}", reason))
 
 
 def check_rows(rows: np.ndarray, num_rows: int) -> np.ndarray:

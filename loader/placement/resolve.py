@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..pipelines.spec import PipelineSpec
-from .errors import PlacementError
+from ...pipelines.spec import PipelineSpec
+from ..errors import PlacementError
 
 NAMED = ("cpu", "gpu", "auto")
 

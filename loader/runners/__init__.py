@@ -1,0 +1,18 @@
+"""Making batches for one placement: images on DALI and torch, features on NumPy and CuPy."""
+from __future__ import annotations
+
+from ...pipelines.spec import PipelineSpec
+from ..sources import ImageFiles
+from .contract import BatchInfo, Runner, RunnerConfig, StageTimes
+
+
+def make_runner(spec: PipelineSpec, source, config: RunnerConfig) -> Runner:
+    """The runner for ``spec`` over its opened ``source`` (``feedline.loader.sources.open_source``)."""
+    if isinstance(source, ImageFiles):
+        from .images import ImageRunner
+        return ImageRunner(spec, source, config)
+    from .features import FeatureRunner
+    return FeatureRunner(spec, source, config)
+
+
+__all__ = ["make_runner", "BatchInfo", "Runner", "RunnerConfig", "StageTimes"]

@@ -1,0 +1,400 @@
+"""Runs an image pipeline for one placement: the host reads each file and its header and draws every stage's
+parameters, DALI decodes (and runs the GPU stages that follow it in DALI), torch runs the rest (see
+``image_graph`` for which engine runs what), torch tensors out.
+
+The DALI pipeline is built once and fed batch by batch through one external source, so epochs never restart
+it and the order, sharding and resumption stay with the Loader.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import resource
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ...pipelines.counter_rng import uniform
+from ...pipelines.image import infer_types
+from ...pipelines.imaging.types import Dtype, ImageType
+from ...pipelines.spec import PipelineSpec
+from ..errors import DataError, OnError, Skipped
+from ..sampler import BatchPlan
+from ..sources.image_files import ImageFiles
+from . import image_graph
+from .buffers import BufferRing
+from .contract import BatchInfo, RunnerConfig, StageTimes
+from .image_torch import TorchStages, as_nchw, one_thread
+
+log = logging.getLogger("feedline")
+_FAILED_SAMPLE = re.compile(r"Failed to decode sample #(\d+)")
+_DRY_SIZE = 256  # the dummy image size whose parameters give the kinds of DALI's inputs
+
+
+@dataclass(frozen=True)
+class Sample:
+    epoch: int
+    index: int
+    valid: bool
+    position: int  # in this rank's order for the epoch
+
+
+class SampleQueue:
+    """The Loader's plans as a stream of single samples, so that a batch can be filled past a bad sample and
+    a failed batch can be pushed back and formed again."""
+
+    def __init__(self, plans: Iterator[BatchPlan]):
+        self._plans = iter(plans)
+        self._items: deque[Sample] = deque()
+
+    def peek(self) -> Sample | None:
+        while not self._items:
+            plan = next(self._plans, None)
+            if plan is None:
+                return None
+            self._items.extend(Sample(plan.epoch, i, v, plan.start + k)
+                               for k, (i, v) in enumerate(zip(plan.indices.tolist(), plan.valid.tolist())))
+        return self._items[0]
+
+    def pop(self) -> Sample:
+        sample = self.peek()
+        self._items.popleft()
+        return sample
+
+    def push_front(self, samples: list[Sample]) -> None:
+        self._items.extendleft(reversed(samples))
+
+
+@dataclass
+class HostBatch:
+    """One batch as the host prepared it: the samples taken (bad ones included), every image stage's
+    parameters for the good ones, and DALI's inputs. A batch whose samples were all bad has no inputs and
+    only ends an epoch."""
+
+    taken: list[Sample]
+    good: list[Sample]
+    info: BatchInfo
+    params: list[dict] = field(default_factory=list)   # per image stage: name -> one row per good sample
+    feeds: dict[str, object] = field(default_factory=dict)
+    pixels: list[float] = field(default_factory=list)  # per image stage: mean output pixels per sample
+
+
+class ImageRunner:
+    def __init__(self, spec: PipelineSpec, source: ImageFiles, config: RunnerConfig, *,
+                 gpu: torch.device | None = None):
+        """``gpu``: the device that GPU-placed torch stages run on (default: ``config.device`` when it is a
+        CUDA device, else ``cuda``); a test may pass the CPU to run them there."""
+        self.spec = spec
+        self.source = source
+        self.num_samples = len(source)
+        self.cut = config.cut
+        self.device = config.device
+        self.batch_size = config.batch_size
+        self.seed = config.seed
+        self.num_threads = config.num_threads
+        self.prefetch = config.prefetch
+        self.on_error = config.on_error
+        self.max_pixels = config.max_pixels
+        self.graph = image_graph.plan(spec, config.cut, infer_types(spec.stages[1:]))
+        self.engines = self.graph.engines
+        gpu = gpu or (self.device if self.device.type == "cuda" else torch.device("cuda"))
+        self._outputs = BufferRing(capacity=config.prefetch + 2)
+        self._torch = TorchStages(self.graph, gpu, self._allocate)
+        self._feed_names = image_graph.feed_names(self.graph, self._dry_params())
+        self.skipped: list[Skipped] = []        # the first skip of each sample, in the order met
+        self._skipped_indices: set[int] = set()
+        self._undecodable: dict[int, DataError] = {}
+        self._read_seconds: float | None = None  # thread seconds of the read stage, while profiling
+        self._pixels: np.ndarray | None = None    # output pixels of each image stage, summed, while profiling
+        self._pipe = None
+        self._fresh = True
+        self._queue = SampleQueue(iter(()))
+        self._pending: deque[HostBatch] = deque()
+
+    def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+        if pinned:
+            return torch.empty(shape, dtype=dtype, pin_memory=True)  # torch caches pinned blocks itself
+        return self._outputs.empty(shape, dtype)
+
+    def _pipeline(self):
+        if self._pipe is None:
+            from nvidia.dali import Pipeline
+
+            device_id = (self.device.index or 0) if self.graph.dali_on_gpu else None
+            pipe = Pipeline(batch_size=self.batch_size, num_threads=self.num_threads, device_id=device_id,
+                            prefetch_queue_depth=self.prefetch, seed=self.seed)
+            with pipe:
+                pipe.set_outputs(image_graph.define(self.graph, self._feed_names, self._next_inputs))
+            pipe.build()
+            self._pipe, self._fresh = pipe, True
+        return self._pipe
+
+    def _read(self, sample: Sample) -> tuple[np.ndarray, np.ndarray]:
+        if sample.index in self._undecodable:
+            raise self._undecodable[sample.index]
+        data = self.source.read(sample.index)
+        return data, self.source.size(sample.index, data, self.max_pixels)
+
+    def _skip(self, error: DataError, sample: Sample) -> None:
+        if sample.index not in self._skipped_indices:
+            self._skipped_indices.add(sample.index)
+            self.skipped.append(Skipped(error.where, error.reason, sample.index, sample.epoch))
+            log.warning("feedline: skipped %s: %s", error.where, error.reason)
+
+    def _assemble(self) -> HostBatch | None:
+        """Take samples until the batch holds ``batch_size`` good ones or the epoch ends."""
+        first = self._queue.peek()
+        if first is None:
+            return None
+        taken, good, encoded, sizes = [], [], [], []
+        while len(good) < self.batch_size:
+            sample = self._queue.peek()
+            if sample is None or sample.epoch != first.epoch:
+                break
+            taken.append(self._queue.pop())
+            try:
+                data, size = self._read(sample)
+            except DataError as err:
+                if self.on_error is OnError.RAISE:
+                    raise
+                self._skip(err, sample)
+                continue
+            good.append(sample)
+            encoded.append(data)
+            sizes.append(size)
+        after = self._queue.peek()
+        info = BatchInfo(first.epoch, taken[-1].position + 1, after is None or after.epoch != first.epoch,
+                         skipped=len(taken) - len(good))
+        batch = HostBatch(taken, good, info)
+        if good:
+            indices = np.array([s.index for s in good], dtype=np.int64)
+            batch.params, batch.pixels = self._sample(first.epoch, indices,
+                                                      np.array(sizes, dtype=np.int64).reshape(-1, 2))
+            batch.feeds = image_graph.feeds(self.graph, encoded, batch.params)
+        return batch
+
+    def _sample(self, epoch: int, indices: np.ndarray, sizes: np.ndarray) -> tuple[list[dict], list[float]]:
+        """Every image stage's parameters from the samples' counter-based random streams and their sizes."""
+        graph = self.graph
+        u = uniform(self.seed, epoch, indices, graph.draws) if graph.draws else np.zeros((indices.size, 0))
+        params, pixels = [], []
+        for stage, offset in zip(graph.stages, graph.offsets):
+            p, sizes = stage.sample(u[:, offset:offset + stage.draws], sizes)
+            params.append(dict(p))
+            pixels.append(float(sizes.prod(axis=1).mean()))
+        if graph.fused:  # the decoder crops the window, so the stage after it only resizes
+            params[0]["window"] = window = params[1].pop("window")
+            pixels[0] = float(window[:, 2:].astype(np.int64).prod(axis=1).mean())
+        return params, pixels
+
+    def _dry_params(self) -> list[dict]:
+        sizes = np.full((1, 2), _DRY_SIZE, dtype=np.int64)
+        return self._sample(0, np.zeros(1, dtype=np.int64), sizes)[0]
+
+    def host_batch(self, plan: BatchPlan) -> HostBatch:
+        """The host part of one plan on its own (for tests and profiling)."""
+        saved = self._queue
+        self._queue = SampleQueue(iter([plan]))
+        try:
+            return self._assemble()
+        finally:
+            self._queue = saved
+
+    def _next_inputs(self) -> tuple:
+        """DALI's external source: the next batch's inputs, or the end of the stream. Batches whose samples
+        were all bad are queued as epoch ends without entering DALI."""
+        while True:
+            started = time.thread_time() if self._read_seconds is not None else 0.0
+            batch = self._assemble()
+            if self._read_seconds is not None:
+                self._read_seconds += time.thread_time() - started
+            if batch is None:
+                raise StopIteration
+            self._pending.append(batch)
+            if batch.good:
+                return tuple(batch.feeds[name] for name in self._feed_names)
+
+    def batches(self, plans: Iterator[BatchPlan]) -> Iterator[tuple[dict[str, torch.Tensor] | None, BatchInfo]]:
+        """Yields ``(batch, info)``; ``batch`` is None for an epoch end with no good sample left to deliver."""
+        self._queue = SampleQueue(plans)
+        pipe = self._pipeline()
+        finished = False
+        try:
+            self._prime(pipe)
+            while True:
+                if self._pending and not self._pending[0].good:
+                    yield None, self._pending.popleft().info
+                    continue
+                try:
+                    (images,) = pipe.outputs()
+                except StopIteration:
+                    finished = True
+                    while self._pending:
+                        yield None, self._pending.popleft().info
+                    return
+                except RuntimeError as exc:
+                    self._recover(exc)
+                    pipe = self._pipeline()
+                    self._prime(pipe)
+                    continue
+                host = self._pending.popleft()
+                batch = self._batch(images, host)
+                pipe.schedule_run()
+                yield batch, host.info
+        finally:
+            if self._pipe is None:
+                pass  # the failed pipeline was discarded; the next call builds a fresh one
+            elif finished:
+                pipe.reset()
+                self._fresh = True
+            else:
+                for host in self._pending:
+                    if host.good:
+                        pipe.outputs()
+                self._pending.clear()
+
+    def _prime(self, pipe) -> None:
+        # A fresh DALI pipeline fills its whole prefetch queue on the first schedule_run.
+        for _ in range(1 if self._fresh else self.prefetch):
+            pipe.schedule_run()
+        self._fresh = False
+
+    def _batch(self, images, host: HostBatch) -> dict[str, torch.Tensor]:
+        indices = np.array([s.index for s in host.good], dtype=np.int64)
+        valid = np.array([s.valid for s in host.good], dtype=bool)
+        if self._pixels is not None:
+            self._pixels += np.asarray(host.pixels) * len(host.good)
+        batch = {"image": self._images(images, host), "label": torch.from_numpy(self.source.labels[indices]),
+                 "index": torch.from_numpy(indices)}
+        if not valid.all():
+            batch["valid"] = torch.from_numpy(valid)
+        return batch
+
+    def _recover(self, exc: RuntimeError) -> None:
+        """DALI invalidates a pipeline that fails to decode. Name the sample at fault; with ``skip``, mark it,
+        push every pending batch's samples back and let a fresh pipeline form them again."""
+        failed = next(h for h in self._pending if h.good)
+        self._pipe, self._fresh = None, True
+        sample, error = self._decode_failure(failed, exc)
+        if self.on_error is OnError.RAISE or sample is None:
+            self._pending.clear()
+            raise error from None
+        self._undecodable[sample.index] = error
+        self._queue.push_front([s for host in self._pending for s in host.taken])
+        self._pending.clear()
+
+    def _images(self, images, host: HostBatch) -> torch.Tensor:
+        last_in_dali = self.graph.types[self.graph.in_dali - 1]
+        if self.graph.dali_on_gpu:
+            current = self._from_dali_gpu(images, last_in_dali)
+            if not self.graph.torch_steps:
+                return current
+        else:
+            current = [torch.from_numpy(np.asarray(images[i])).permute(2, 0, 1) for i in range(len(images))]
+        with one_thread():
+            return self._torch.run(current, host.params, self.device)
+
+    def _from_dali_gpu(self, images, image: ImageType):
+        """DALI's GPU output as torch: the stored batch where images have one size, else one tensor each."""
+        from nvidia.dali.plugin.pytorch import feed_ndarray
+
+        stream = torch.cuda.current_stream(self.device)
+        dtype = torch.uint8 if image.dtype is Dtype.UINT8 else torch.float32
+        if image.size is not None:
+            tensor = images.as_tensor()
+            out = torch.empty(tuple(tensor.shape()), dtype=dtype, device=self.device)
+            feed_ndarray(tensor, out, cuda_stream=stream)
+            return out if not self.graph.torch_steps else as_nchw(out, image)
+        out = []
+        for i in range(len(images)):
+            sample = images[i]
+            t = torch.empty(tuple(sample.shape()), dtype=dtype, device=self.device)
+            feed_ndarray(sample, t, cuda_stream=stream)
+            out.append(t.permute(2, 0, 1) if image.dtype is Dtype.UINT8 else t)
+        return out
+
+    def profile(self, plans: list[BatchPlan]) -> StageTimes:
+        """The plans' batches on this placement. The read stage and the torch stages are timed in thread
+        seconds; on the CPU, DALI's decoding is the process's CPU time less this thread's; with stages on the
+        GPU, the batches are timed end to end with the device synchronised, as one group."""
+        names = [s.name for s in self.spec.stages]
+        self._read_seconds, self._torch.seconds = 0.0, {}
+        self._pixels = np.zeros(len(self.graph.stages))
+        sync = torch.cuda.synchronize if self.graph.dali_on_gpu or any(s.gpu for s in self.graph.torch_steps) \
+            else (lambda: None)
+        sync()
+        cpu0, thread0, wall0 = _process_cpu(), time.thread_time(), time.perf_counter()
+        samples = 0
+        try:
+            for batch, _ in self.batches(iter(plans)):
+                if batch is not None:
+                    samples += len(batch["index"])
+            sync()
+            wall = time.perf_counter() - wall0
+            dali_cpu = max((_process_cpu() - cpu0) - (time.thread_time() - thread0), 0.0)
+            seconds = {names[0]: self._read_seconds, **self._torch.seconds}
+        finally:
+            self._read_seconds, self._torch.seconds = None, None
+            pixels, self._pixels = self._pixels / max(samples, 1), None
+        indices = [i for p in plans for i in p.indices.tolist()]
+        encoded = self.source.encoded_bytes(indices)
+        bytes_out = {names[0]: encoded}
+        for k, stage in enumerate(self.graph.stages):
+            t = self.graph.types[k]
+            per_pixel = t.channels * (1 if t.dtype is Dtype.UINT8 else 4)
+            bytes_out[stage.name] = float(pixels[k] * per_pixel)
+        together = {}
+        on_gpu = tuple(n for n in names if self.engines[n] in (image_graph.DALI_MIXED, image_graph.DALI_GPU,
+                                                               image_graph.TORCH_CUDA))
+        if on_gpu:
+            together[on_gpu] = wall
+        else:
+            seconds[self.graph.stages[0].name] = dali_cpu
+        return StageTimes(samples, seconds, bytes_out, encoded, together)
+
+    def close(self) -> None:
+        self._pipe = None
+
+    def _decode_failure(self, host: HostBatch, exc: RuntimeError) -> tuple[Sample | None, DataError]:
+        paths = [self.source.where(s.index) for s in host.good]
+        match = _FAILED_SAMPLE.search(str(exc))
+        suspects = [int(match.group(1))] if match and int(match.group(1)) < len(paths) else range(len(paths))
+        for k in suspects:
+            try:
+                with Image.open(paths[k]) as im:
+                    im.load()
+            except Exception as err:
+                return host.good[k], DataError(paths[k], f"image data is corrupt or truncated and cannot be "
+                                                         f"decoded ({err})")
+        for k in suspects:  # PIL accepted them all: ask DALI about each file on its own
+            if not _dali_decodes(paths[k]):
+                return host.good[k], DataError(paths[k], "image data is corrupt and the decoder rejects it")
+        last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        return None, DataError(f"batch of {len(paths)} files from {paths[0]}", f"DALI failed: {last}")
+
+
+def _dali_decodes(path: str) -> bool:
+    """Whether DALI's CPU decoder accepts one file on its own (used only after a batch failed)."""
+    from nvidia.dali import Pipeline, fn, types
+
+    data = np.fromfile(path, dtype=np.uint8)
+    pipe = Pipeline(batch_size=1, num_threads=1, device_id=None)
+    with pipe:
+        pipe.set_outputs(fn.decoders.image(fn.external_source(source=lambda: [data], batch=True, dtype=types.UINT8,
+                                                              ndim=1), output_type=types.RGB))
+    try:
+        pipe.build()
+        pipe.run()
+        return True
+    except RuntimeError:
+        return False
+
+
+def _process_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime

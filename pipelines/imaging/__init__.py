@@ -1,0 +1,1 @@
+"""Typed image stages, one module per operation (see base.py for what each declares)."""

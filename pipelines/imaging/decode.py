@@ -1,0 +1,49 @@
+"""Decoding encoded images to uint8 RGB, in full or only the window the next stage crops."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .base import ImageStage
+from .checks import name as check_name
+from .types import DECODED, ImageType
+
+
+@dataclass(frozen=True)
+class Decode(ImageStage):
+    """uint8 RGB ``HWC`` images, EXIF orientation applied; grayscale, CMYK and PNG decode to RGB too.
+
+    ``roi=True`` decodes only the window that the next stage starts by cropping (region-of-interest decoding,
+    as DALI's ``decoders.image_slice``): the same pixels as decoding all and cropping, for less work. On the
+    GPU, DALI decodes with nvJPEG (its ``mixed`` device)."""
+
+    roi: bool = False
+    name: str = "decode"
+    consumes = ("encoded",)
+    has_dali = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.roi, bool):
+            raise TypeError(f"decode: roi must be True or False, got {self.roi!r}")
+        check_name("decode", self.name)
+
+    def output_type(self, image: ImageType | None) -> ImageType:
+        return DECODED
+
+    def dali(self, node, feeds: Mapping[str, Any], device: str):
+        from nvidia.dali import fn, types
+
+        decoder = "mixed" if device == "gpu" else "cpu"
+        if "anchor" in feeds:
+            return fn.decoders.image_slice(node, feeds["anchor"], feeds["shape"], device=decoder,
+                                           output_type=types.RGB, axis_names="WH")
+        return fn.decoders.image(node, device=decoder, output_type=types.RGB)
+
+    def dali_feeds(self, params) -> dict:
+        if "window" not in params:
+            return {}
+        window = params["window"]
+        return {"anchor": (window[:, :2].copy(), "INT32", 1), "shape": (window[:, 2:].copy(), "INT32", 1)}
+
+    def describe(self) -> str:
+        return "decode the crop window only" if self.roi else "decode"
