@@ -78,28 +78,34 @@ def _walk(node):
         node = op.inputs[0]
 
 
+# The DALI operators each stage becomes (random_resized_crop's crop is taken by the region-of-interest decoder).
+DALI_OPS = {"decode": ["ImageSlice"], "decode/full": ["Image"], "random_resized_crop": ["Resize"], "resize": ["Resize"],
+            "center_crop": ["Slice"], "horizontal_flip": ["Flip"], "normalize": ["CropMirrorNormalize"]}
+
+
+@pytest.mark.parametrize("recipe", ["train", "val", "composed"])
 @pytest.mark.parametrize("cut", [1, 2, 3, 4, 5])
-def test_the_dali_graph_of_every_cut(image_dir, cut):
-    """The real DALI graph is defined (not built: that needs CUDA for GPU placements) and every node's device
-    is what the placement says."""
+def test_the_dali_graph_of_every_cut(image_dir, recipe, cut):
+    """The real DALI graph is defined (not built: that needs CUDA for GPU placements), and its operators and
+    their devices are what the placement says: the decoder on the CPU or ``mixed``, then the stages DALI runs
+    on the GPU, in order."""
     from nvidia.dali import Pipeline
 
-    spec = image.train(image_dir)
+    spec = {"train": image.train, "val": image.val, "composed": lambda d: image.pipeline(d, COMPOSED)}[recipe](image_dir)
     graph = _graph(spec, cut)
     runner = image_runner(spec, cut, batch_size=4, gpu=torch.device("cpu"))
     names = image_graph.feed_names(graph, runner._dry_params())
     with Pipeline(batch_size=4, num_threads=1, device_id=None):
-        nodes = _walk(image_graph.define(graph, names, lambda: None))
-    ops = [op for op, _ in reversed(nodes)]
-    if cut == 1:
-        assert ops == ["ExternalSource", "ImageSlice", "Resize", "Flip", "CropMirrorNormalize"]
-        assert [d for _, d in reversed(nodes)] == ["cpu", "mixed", "gpu", "gpu", "gpu"]
-    elif cut == 2:
-        assert ops == ["ExternalSource", "ImageSlice", "Resize", "Flip", "CropMirrorNormalize"]
-        assert [d for _, d in reversed(nodes)] == ["cpu", "cpu", "gpu", "gpu", "gpu"]
-    else:  # DALI only decodes, on the CPU; torch does the rest
-        assert ops == ["ExternalSource", "ImageSlice"] and {d for _, d in nodes} == {"cpu"}
-    assert set(names) == {"encoded", "0.anchor", "0.shape"} | ({"2.flip"} if cut <= 2 else set())
+        chain = list(reversed(_walk(image_graph.define(graph, names, lambda: None))))
+    in_dali = [s for s in spec.stages[1:] if graph.engines[s.name].startswith("dali")]
+    expected = [("ExternalSource", "cpu")]
+    for stage in in_dali:
+        key = stage.name if stage.name != "decode" or stage.roi else "decode/full"
+        device = "cpu" if graph.engines[stage.name] == "dali:cpu" else \
+            "mixed" if graph.engines[stage.name] == "dali:mixed" else "gpu"
+        expected += [(op, device) for op in DALI_OPS[key]]
+    assert chain == expected
+    assert (cut == 1) == (chain[1][1] == "mixed") and (cut <= 2) == (len(in_dali) > 1)
 
 
 def test_named_placements(spec):
