@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -61,7 +60,7 @@ class Strings:
     @classmethod
     def from_arrow(cls, array) -> Strings:
         """From a pyarrow string/binary array (large or not, chunked or not), without copying data."""
-        pa = sys.modules.get("pyarrow")
+        pa = _arrow_of(array)
         if pa is None or not isinstance(array, (pa.Array, pa.ChunkedArray)):
             raise TypeError(f"array must be a pyarrow Array or ChunkedArray, got {type(array).__name__}")
         if isinstance(array, pa.ChunkedArray):
@@ -93,12 +92,22 @@ def as_strings(values) -> Strings | None:
     """``values`` as ``Strings`` when it is one, a pyarrow string array or a list of str; else None."""
     if isinstance(values, Strings):
         return values
-    pa = sys.modules.get("pyarrow")
+    pa = _arrow_of(values)
     if pa is not None and isinstance(values, (pa.Array, pa.ChunkedArray)) and _is_arrow_bytes(values.type, pa):
         return Strings.from_arrow(values)
     if isinstance(values, (list, tuple)) and values and isinstance(values[0], (str, bytes)):
         return Strings.from_pylist(values)
     return None
+
+
+def _arrow_of(value):
+    """pyarrow when ``value`` is one of its objects, else None. Never imports pyarrow for other values; and
+    never returns it half-imported (``sys.modules`` would, while another thread imports it)."""
+    if not type(value).__module__.startswith("pyarrow"):
+        return None
+    import pyarrow
+
+    return pyarrow
 
 
 def _is_arrow_bytes(arrow_type, pa) -> bool:
