@@ -103,7 +103,7 @@ class ImageRunner:
         self.graph = image_graph.plan(spec, config.cut, infer_types(spec.stages[1:]))
         self.engines = self.graph.engines
         gpu = gpu or (self.device if self.device.type == "cuda" else torch.device("cuda"))
-        self._outputs = BufferRing(capacity=config.prefetch + 2)
+        self._outputs = BufferRing(capacity=config.prefetch + 3)  # queued, being made, with the trainer
         self._torch = TorchStages(self.graph, gpu, self._allocate)
         self._feed_names = image_graph.feed_names(self.graph, self._dry_params())
         self.skipped: list[Skipped] = []        # the first skip of each sample, in the order met
@@ -170,6 +170,11 @@ class ImageRunner:
         after = self._queue.peek()
         info = BatchInfo(first.epoch, taken[-1].position + 1, after is None or after.epoch != first.epoch,
                          skipped=len(taken) - len(good))
+        if not good and first.position == 0:
+            # A batch that ends empty took its whole epoch: nothing on this rank can be delivered, ever.
+            raise DataError(self.source.origin, f"every one of the {len(taken)} samples of epoch {first.epoch} on "
+                                                f"this rank was bad and skipped (first: {self.skipped[0].where}: "
+                                                f"{self.skipped[0].reason})")
         batch = HostBatch(taken, good, info)
         if good:
             indices = np.array([s.index for s in good], dtype=np.int64)
