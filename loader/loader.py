@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import warnings
@@ -11,6 +12,7 @@ from typing import Any, Iterator
 import torch
 
 from ..pipelines.spec import PipelineSpec
+from .background import BackgroundStream
 from .cursor import Cursor
 from .devices import available_cores, gpu_available, is_gpu_failure, parse_device
 from .errors import OnError, PlacementError, Skipped, parse_on_error
@@ -81,7 +83,7 @@ class Loader:
         self.cursor = Cursor()
         self.epoch_summaries: dict[int, dict[str, int]] = {}
         self.fallbacks: list[str] = []
-        self._stream: Iterator[tuple] | None = None
+        self._stream: BackgroundStream | None = None
         self._stream_at: tuple[int, int] | None = None  # (epoch, sample) of the next batch the stream makes
         log.info("feedline: %s placement %s (%s)", pipeline.name, pipeline.describe_cut(cut),
                  ", ".join(f"{k}={v.value}" for k, v in pipeline.backends_at(cut).items()))
@@ -139,13 +141,18 @@ class Loader:
         return len(self.sampler)
 
     def _open_stream(self) -> None:
-        """Batches from the cursor on, running on into the epochs after it, so the next epoch's first batches
-        are in flight while this epoch's last ones are consumed."""
+        """Batches from the cursor on, made on the loader's own thread and running on into the epochs after
+        it, so the next epoch's first batches are in flight while this epoch's last ones are consumed."""
         self._close_stream()
         epoch, start = self.cursor.next_sample
-        plans = (plan for e in itertools.count(epoch)
-                 for plan in self.sampler.epoch(e, start_sample=start if e == epoch else 0))
-        self._stream, self._stream_at = self._runner.batches(plans), (epoch, start)
+        sampler = self.sampler  # the thread holds the sampler and the runner, never the Loader
+        plans = (plan for e in itertools.count(epoch) for plan in sampler.epoch(e, start_sample=start if e == epoch else 0))
+        where = f"making {self.pipeline.name!r} batches from sample {start} of epoch {epoch} on " \
+                f"(placement {self.pipeline.describe_cut(self.cut)})"
+        self._stream = BackgroundStream(functools.partial(self._runner.batches, plans), self.prefetch,
+                                        cuda=self.device if self.device.type == "cuda" else None,
+                                        describe=lambda: where)
+        self._stream_at = (epoch, start)
 
     def _close_stream(self) -> None:
         if self._stream is not None:

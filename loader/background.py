@@ -1,0 +1,164 @@
+"""Making batches off the trainer's thread: a runner's stream runs on a thread of its own, ``depth`` batches
+ahead, and the trainer's ``next()`` only takes a finished one.
+
+GPU work of the stream (DALI's GPU stages, CuPy, torch on CUDA, the host-to-device copy) is issued on a CUDA
+stream this thread owns. Each finished batch carries an event recorded on that stream; the trainer's current
+stream waits on the event (no device-wide synchronisation), and every CUDA tensor of the batch is marked as
+used on the trainer's stream (``record_stream``) so that the caching allocator does not hand its memory out
+again while the trainer still reads it.
+
+An error on the thread reaches the trainer's ``next()`` as itself, with a note saying where it happened; a
+thread that died without a word is reported instead of waited on forever. Closing the stream (or dropping
+it, or the interpreter exiting) stops the thread and joins it.
+"""
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import time
+import warnings
+import weakref
+from typing import Any, Callable, Iterator
+
+import torch
+
+THREAD_NAME = "feedline-batches"
+_POLL_S = 0.1
+_JOIN_S = 30.0
+_live: "weakref.WeakSet[BackgroundStream]" = weakref.WeakSet()
+
+_ITEM, _END, _ERROR = "item", "end", "error"
+
+
+class BackgroundStream:
+    """``make()`` is called on the new thread and returns the iterator to run there (so that everything it
+    builds lazily, such as a DALI pipeline, is built there). ``cuda``: the device whose work is put on the
+    stream's own CUDA stream, or None."""
+
+    def __init__(self, make: Callable[[], Iterator], depth: int, *, cuda: torch.device | None = None,
+                 describe: Callable[[], str] = lambda: "making a batch"):
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._cuda_stream = torch.cuda.Stream(cuda) if cuda is not None else None
+        self._describe = describe
+        self._done = False
+        self._thread = threading.Thread(target=self._run, args=(make,), name=THREAD_NAME, daemon=True)
+        self._thread.start()
+        _live.add(self)
+
+    # ---- the stream's thread ------------------------------------------------------------------
+    def _run(self, make: Callable[[], Iterator]) -> None:
+        try:
+            if self._cuda_stream is not None:
+                torch.cuda.set_stream(self._cuda_stream)
+            items = make()
+            try:
+                for item in items:
+                    event = None
+                    if self._cuda_stream is not None:
+                        event = torch.cuda.Event()
+                        event.record(self._cuda_stream)
+                    if not self._put((_ITEM, item, event)):
+                        return
+            finally:
+                items.close()
+            self._put((_END, None, None))
+        except BaseException as exc:  # handed to the trainer's thread, which raises it there
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"raised in feedline's batch thread ({THREAD_NAME}) while {self._describe()}")
+            self._put((_ERROR, exc, None))
+
+    def _put(self, message: tuple) -> bool:
+        """Queue ``message`` unless the stream is being closed; False when it is."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(message, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    # ---- the trainer's thread -----------------------------------------------------------------
+    def __iter__(self) -> BackgroundStream:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        while True:
+            try:
+                kind, payload, event = self._queue.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    self._done = True
+                    raise RuntimeError(f"feedline's batch thread ({THREAD_NAME}) ended without delivering a batch or "
+                                       f"an error") from None
+        if kind == _ERROR:
+            self._done = True
+            raise payload
+        if kind == _END:
+            self._done = True
+            raise StopIteration
+        if event is not None:
+            _hand_over(payload, event)
+        return payload
+
+    @property
+    def ready(self) -> int:
+        """Finished batches waiting to be taken."""
+        return self._queue.qsize()
+
+    def close(self) -> None:
+        """Stop the thread (what it made but nobody took is dropped) and wait for it to finish."""
+        self._stop.set()
+        self._done = True
+        started = time.monotonic()
+        while self._thread.is_alive():
+            try:
+                while True:
+                    self._queue.get_nowait()  # a thread blocked on a full queue sees the stop at its next try
+            except queue.Empty:
+                pass
+            if threading.current_thread() is self._thread:
+                return  # closed from its own thread (a finaliser run there): it ends when this call returns
+            self._thread.join(timeout=_POLL_S)
+            if time.monotonic() - started > _JOIN_S:
+                warnings.warn(f"feedline: the batch thread did not stop within {_JOIN_S:.0f} s ({self._describe()}); "
+                              f"leaving it", RuntimeWarning, stacklevel=2)
+                break
+        _live.discard(self)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _hand_over(batch: Any, event: torch.cuda.Event) -> None:
+    """Make ``batch`` safe on the calling thread's current CUDA stream."""
+    stream = torch.cuda.current_stream()
+    stream.wait_event(event)
+    for tensor in _tensors(batch):
+        if tensor.is_cuda:
+            tensor.record_stream(stream)
+
+
+def _tensors(value: Any):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+
+
+@atexit.register
+def _close_all() -> None:
+    """No batch thread outlives the interpreter's last Python code: each is stopped and joined at exit."""
+    for stream in list(_live):
+        stream.close()
