@@ -10,16 +10,17 @@ BENCH_COUNT ?= 2000
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml requirements-dev.txt
+$(STAMP): pyproject.toml requirements-dev.txt requirements-torchrec.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-torchrec.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
 bench: setup
 	test -f $(BENCH_DATA)/.feedline-data || $(VENV)/bin/feedline make-data images --out $(BENCH_DATA) --count $(BENCH_COUNT) --classes 10 --seed 0
-	$(VENV)/bin/feedline bench --pipeline image-train --data $(BENCH_DATA) --baseline torchvision --json bench-image-train.json
+	$(VENV)/bin/feedline bench --pipeline image-train --data $(BENCH_DATA) --baseline torchvision --trainer-step-ms auto --json bench-image-train.json
 
 test: setup
 	$(PY) -m pytest -q tests
