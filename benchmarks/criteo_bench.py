@@ -5,6 +5,13 @@ categorical value and ``log1p`` of the clipped dense columns), producing the sam
 Both sides deliver, per batch: float32 ``label`` [B], float32 ``dense`` [B, 13], and the 26 categorical ids in
 key-major ``values``/``lengths``/``offsets`` form. The baseline maps ids with ``% n`` instead of MurmurHash3,
 which only flatters it (a Python hash per value would cost more).
+
+Both sides are counted the same way. End to end (the headline ``speedup``, one whole epoch): from nothing to the
+last batch in hand, feedline's opening (which parses and validates every row) and the baseline's ``read_csv``
+included. Steady (``steady_speedup``): from the rows parsed in memory (feedline's files open, the baseline's
+``read_csv`` done) to the last batch in hand. With ``trainer_step_ms`` both are also measured in alternating
+rounds with and without a simulated trainer (:mod:`feedline.benchmarks.trainer`); there the baseline converts
+each batch's rows as it is asked for it, on the trainer's thread, as a training loop written that way does.
 """
 from __future__ import annotations
 
@@ -13,94 +20,198 @@ import time
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
+from ..loader.devices import gpu_available
+from ..loader.epochs import batch_size_of, endless, measure_loader
 from ..loader.loader import Loader
 from ..pipelines.criteo import CATEGORICAL_NAMES, DENSE_NAMES, criteo
+from .trainer import alternate, check_trainer_step, counted, cuda_sync, resolve_step_s, trainer_summary
 
 TABLE_SIZE = 1_000_003
 WARMUP_BATCHES = 2
+# Before each round of the trainer comparison: feedline's threads refill its read-ahead during the pause, not
+# during the baseline's round (the baseline makes nothing ahead).
+SETTLE_S = 0.5
+# A round is at least this many times the largest read-ahead, and starts by taking the read-ahead untimed.
+ROUND_OVER_READAHEAD = 4
 
 
 def bench_criteo(path: str | os.PathLike, batch_size: int = 8192, batches: int | None = None,
                  placement: str = "cpu", *, baseline: bool = True, shuffle: bool = True,
-                 num_threads: int | None = None, baseline_rows: int | None = None) -> dict:
+                 num_threads: int | None = None, baseline_rows: int | None = None,
+                 trainer_step_ms: float | str | None = None, rounds: int = 5, settle_s: float | None = None,
+                 progress: bool = True) -> dict:
     """Measure feedline and (``baseline``) the pandas baseline on the file at ``path``.
 
-    ``batches``: timed batches after a short warm-up (None: one whole epoch, no warm-up, opening included in
-    ``feedline_first_epoch_samples_per_s``). ``baseline_rows``: rows the baseline reads (None: all of them; its
-    cost per row does not depend on the count, so fewer rows give the same rate sooner).
+    ``batches``: None (default) times one whole epoch from constructing the Loader, which gives the end-to-end
+    ``feedline_samples_per_s`` and ``speedup``; a number times that many batches after a short warm-up, which
+    gives only the steady figures (an end-to-end figure needs a whole epoch). ``baseline_rows``: rows the baseline
+    reads (None: all of them; its cost per row does not depend on the count, so fewer rows give the same rate
+    sooner). ``trainer_step_ms``: None (no trainer), a step in milliseconds or ``"auto"`` (feedline's own batch
+    time with no trainer): adds ``rounds`` alternating rounds without and then with the trainer, each after a
+    ``settle_s`` pause (None: ``SETTLE_S``).
     """
+    step = check_trainer_step(trainer_step_ms)
+    settle_s = SETTLE_S if settle_s is None else settle_s
+    if batches is not None and (isinstance(batches, bool) or not isinstance(batches, int) or batches < 1):
+        raise ValueError(f"batches must be a positive integer or None (one epoch), got {batches!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
     path = os.fspath(path)
-    device = "cuda" if placement != "cpu" and torch.cuda.is_available() else "cpu"
+    if baseline:
+        # Imported before any clock starts, so that neither side's time includes it, and before feedline's threads
+        # run: pandas imports pyarrow, and a module half imported on one thread must not be seen by another.
+        import pandas  # noqa: F401
+    device = "cuda" if placement != "cpu" and gpu_available() else "cpu"
+    sync = cuda_sync()
+    if sync is not None:
+        sync()  # create the CUDA context before anything is timed
     began = time.perf_counter()
     spec = criteo(path, table_sizes=TABLE_SIZE)
     loader = Loader(spec, batch_size, placement=placement, device=device, shuffle=shuffle, seed=0,
                     num_threads=num_threads)
-    open_s = time.perf_counter() - began
+    opened = time.perf_counter()
     result = {"pipeline": "criteo", "placement": placement, "batch_size": batch_size, "shuffle": shuffle,
-              "num_threads": loader.num_threads, "open_s": round(open_s, 3)}
+              "num_threads": loader.num_threads, "open_s": round(opened - began, 3)}
     try:
-        rows, seconds = _time_loader(loader, batches, device)
+        mine = _time_loader(loader, batches, sync, began, opened)
+        result["first_batch_s"] = round(mine["first_batch_s"], 3)
+        result["rows"] = mine["rows"]
+        if batches is None:
+            result["feedline_samples_per_s"] = mine["end_to_end_samples_per_s"]
+            result["feedline_first_epoch_samples_per_s"] = mine["end_to_end_samples_per_s"]  # the same, older name
+        result["feedline_steady_samples_per_s"] = mine["steady_samples_per_s"]
+        frame = None
+        if baseline:
+            theirs = _time_baseline(path, batch_size, baseline_rows)
+            result["baseline_rows"] = theirs["rows"]
+            result["baseline_read_s"] = round(theirs["read_s"], 3)
+            result["baseline_samples_per_s"] = theirs["end_to_end_samples_per_s"]
+            result["baseline_steady_samples_per_s"] = theirs["steady_samples_per_s"]
+            if batches is None:
+                result["speedup"] = result["feedline_samples_per_s"] / result["baseline_samples_per_s"]
+            result["steady_speedup"] = (result["feedline_steady_samples_per_s"]
+                                        / result["baseline_steady_samples_per_s"])
+            frame = theirs["frame"] if step is not None else None
+        if step is not None:
+            result.update(_with_trainer(loader, frame, step, batch_size=batch_size, batches=batches, rounds=rounds,
+                                        settle_s=settle_s, sync=sync, progress=progress))
     finally:
         loader.close()
-    result["rows"] = rows
-    result["feedline_samples_per_s"] = rows / seconds
-    if batches is None:
-        result["feedline_first_epoch_samples_per_s"] = rows / (seconds + open_s)
-    if baseline:
-        base_rows, base_seconds = _time_baseline(path, batch_size, baseline_rows)
-        result["baseline_rows"] = base_rows
-        result["baseline_samples_per_s"] = base_rows / base_seconds
-        result["speedup"] = result["feedline_samples_per_s"] / result["baseline_samples_per_s"]
-        if batches is None:
-            result["speedup_first_epoch"] = (result["feedline_first_epoch_samples_per_s"]
-                                             / result["baseline_samples_per_s"])
     return result
 
 
-def _time_loader(loader: Loader, batches: int | None, device: str) -> tuple[int, float]:
-    stream = iter(loader)
-    if batches is not None:
-        for _ in zip(range(WARMUP_BATCHES), stream):
-            pass
-    rows, began = 0, time.perf_counter()
-    for i, batch in enumerate(stream):
-        rows += batch["label"].shape[0]
-        if batches is not None and i + 1 >= batches:
-            break
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return rows, time.perf_counter() - began
+def _time_loader(loader: Loader, batches: int | None, sync, began: float, opened: float) -> dict:
+    """``first_batch_s`` (from ``began``, before the Loader was constructed, to the first batch in hand), and
+    either one whole epoch (``batches`` None: end to end from ``began``, steady from ``opened``) or ``batches``
+    batches after ``WARMUP_BATCHES`` (steady only)."""
+    stream = iter(loader) if batches is None else endless(lambda: loader)
+    try:
+        rows = batch_size_of(next(stream))
+        if sync is not None:
+            sync()
+        first_batch_s = time.perf_counter() - began
+        if batches is not None:
+            timed = measure_loader(lambda: stream, batches, WARMUP_BATCHES - 1, sync=sync)
+            return {"first_batch_s": first_batch_s, "rows": timed["samples"],
+                    "steady_samples_per_s": timed["samples_per_s"]}
+        for batch in stream:
+            rows += batch_size_of(batch)
+        if sync is not None:
+            sync()
+        ended = time.perf_counter()
+    finally:
+        stream.close()
+    return {"first_batch_s": first_batch_s, "rows": rows, "end_to_end_samples_per_s": rows / (ended - began),
+            "steady_samples_per_s": rows / (ended - opened)}
+
+
+def pandas_read(path: str, nrows: int | None = None):
+    """The baseline's parsing: ``read_csv`` with the hex ids read as Python strings (``object`` is what ``.map``
+    walks fastest)."""
+    import pandas as pd
+
+    names = ["label", *DENSE_NAMES, *CATEGORICAL_NAMES]
+    return pd.read_csv(path, sep="\t", header=None, names=names, nrows=nrows,
+                       dtype={name: object for name in CATEGORICAL_NAMES})
+
+
+def pandas_transform(frame, table_size: int | None = TABLE_SIZE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The baseline's features from a frame of :func:`pandas_read` (left unchanged): per categorical column
+    ``fillna`` + ``.map(int(x, 16))`` + ``% table_size`` (None: the ids themselves; a missing id is
+    ``int("-1", 16)``, which is feedline's ``MISSING_ID``), and ``log1p`` of the dense columns with missing values
+    as 0 and negatives clipped to 0. Returns float32 ``label`` [N], float32 ``dense`` [N, 13] and int64 ``ids``
+    [N, 26]."""
+    ids = np.empty((len(frame), len(CATEGORICAL_NAMES)), dtype=np.int64)
+    for j, name in enumerate(CATEGORICAL_NAMES):
+        column = frame[name].fillna("-1").map(lambda x: int(x, 16))
+        ids[:, j] = (column if table_size is None else column % table_size).to_numpy(dtype=np.int64)
+    dense = np.log1p(frame[list(DENSE_NAMES)].fillna(0).clip(lower=0).to_numpy(dtype=np.float32))
+    label = frame["label"].to_numpy(dtype=np.float32)
+    return label, dense, ids
 
 
 def pandas_features(path: str, nrows: int | None = None, table_size: int | None = TABLE_SIZE
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The baseline's features, as a user writes them with pandas today: ``read_csv`` (hex ids read as Python
-    strings: ``object`` is what ``.map`` walks fastest), per categorical column ``fillna`` + ``.map(int(x, 16))``
-    + ``% table_size`` (None: the ids themselves; a missing id is ``int("-1", 16)``, which is feedline's
-    ``MISSING_ID``), and ``log1p`` of the dense columns with missing values as 0 and negatives clipped to 0.
-    Returns float32 ``label`` [N], float32 ``dense`` [N, 13] and int64 ``ids`` [N, 26]."""
-    import pandas as pd
-
-    names = ["label", *DENSE_NAMES, *CATEGORICAL_NAMES]
-    df = pd.read_csv(path, sep="\t", header=None, names=names, nrows=nrows,
-                     dtype={name: object for name in CATEGORICAL_NAMES})
-    for name in CATEGORICAL_NAMES:
-        ids = df[name].fillna("-1").map(lambda x: int(x, 16))
-        df[name] = ids if table_size is None else ids % table_size
-    dense = np.log1p(df[list(DENSE_NAMES)].fillna(0).clip(lower=0).to_numpy(dtype=np.float32))
-    ids = df[list(CATEGORICAL_NAMES)].to_numpy(dtype=np.int64)
-    label = df["label"].to_numpy(dtype=np.float32)
-    return label, dense, ids
+    """The baseline's features, as a user writes them with pandas today: :func:`pandas_read` then
+    :func:`pandas_transform`."""
+    return pandas_transform(pandas_read(path, nrows), table_size)
 
 
-def _time_baseline(path: str, batch_size: int, nrows: int | None) -> tuple[int, float]:
+def _to_batch(label: np.ndarray, dense: np.ndarray, ids: np.ndarray) -> dict:
+    """One batch as the trainer takes it: torch tensors, the ids key-major with lengths and offsets."""
+    values = torch.from_numpy(np.ascontiguousarray(ids.T).reshape(-1))
+    return {"label": torch.from_numpy(label), "dense": torch.from_numpy(dense), "values": values,
+            "lengths": torch.ones(values.numel(), dtype=torch.int32),
+            "offsets": torch.arange(values.numel() + 1, dtype=torch.int64)}
+
+
+def pandas_batches(frame, batch_size: int):
+    """One epoch of the baseline as a stream: each batch's rows of ``frame`` converted when it is asked for, on
+    the iterating thread (the work :func:`pandas_transform` does for the whole frame, batch by batch)."""
+    for start in range(0, len(frame), batch_size):
+        yield _to_batch(*pandas_transform(frame.iloc[start:start + batch_size]))
+
+
+def _time_baseline(path: str, batch_size: int, nrows: int | None) -> dict:
+    """The baseline once over the file (or its first ``nrows`` rows), as a user writes it: the whole frame read
+    and converted, then cut into batches. End to end from nothing; steady from ``read_csv`` done."""
     began = time.perf_counter()
-    label, dense, ids = pandas_features(path, nrows)
+    frame = pandas_read(path, nrows)
+    read = time.perf_counter()
+    label, dense, ids = pandas_transform(frame)
     for start in range(0, len(label), batch_size):
         rows = slice(start, start + batch_size)
-        values = torch.from_numpy(np.ascontiguousarray(ids[rows].T).reshape(-1))
-        lengths = torch.ones(values.numel(), dtype=torch.int32)
-        _ = (torch.from_numpy(label[rows]), torch.from_numpy(dense[rows]), values, lengths,
-             torch.arange(values.numel() + 1, dtype=torch.int64))
-    return len(label), time.perf_counter() - began
+        _to_batch(label[rows], dense[rows], ids[rows])
+    ended = time.perf_counter()
+    return {"rows": len(label), "read_s": read - began, "end_to_end_samples_per_s": len(label) / (ended - began),
+            "steady_samples_per_s": len(label) / (ended - read), "frame": frame}
+
+
+def _with_trainer(loader: Loader, frame, step, *, batch_size: int, batches: int | None, rounds: int,
+                  settle_s: float, sync, progress: bool) -> dict:
+    """Alternating rounds of feedline (its files open, epoch after epoch) and, with ``frame``, the baseline
+    (:func:`pandas_batches` of the rows it read): first with no trainer (capacity), then under the step."""
+    contenders = {"feedline": lambda: loader}
+    readahead = {"feedline": loader.prefetch}
+    if frame is not None:
+        contenders["baseline"] = lambda: pandas_batches(frame, batch_size)
+        readahead["baseline"] = 0  # a generator on the trainer's thread makes nothing ahead
+    untimed = max(max(readahead.values()), 1)
+    per_round = max((batches or len(loader)) // rounds, ROUND_OVER_READAHEAD * untimed)
+    total = 2 * len(contenders) * rounds * (untimed + per_round)
+    with tqdm(total=total, desc="bench criteo", unit="batch", disable=not progress) as bar:
+        streams = {name: counted(endless(make), lambda: bar.update(1)) for name, make in contenders.items()}
+        capacity = alternate(streams, rounds=rounds, per_round=per_round, untimed=untimed, settle_s=settle_s,
+                             sync=sync, on_turn=lambda name: bar.set_description(f"bench {name}"))
+        step_s = resolve_step_s(step, capacity["feedline"])
+        loaded = alternate(streams, rounds=rounds, per_round=per_round, untimed=untimed, step_s=step_s,
+                           settle_s=settle_s, sync=sync,
+                           on_turn=lambda name: bar.set_description(f"bench {name} + trainer {step_s * 1e3:.1f} ms"))
+        for stream in streams.values():
+            stream.close()
+    summary = trainer_summary(capacity, loaded, step_s, auto=step == "auto",
+                              baseline="baseline" if frame is not None else None)
+    return {"rounds": rounds, "batches_per_round": per_round, "untimed_batches_per_round": untimed,
+            "readahead_batches": readahead, **summary}

@@ -26,6 +26,9 @@ from ..loader.epochs import measure_loader  # noqa: F401  (the benchmarks' timer
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+# Batches each DataLoader worker makes ahead (torch's default, stated so that benchmarks can size their rounds
+# past the read-ahead: workers * PREFETCH_FACTOR batches).
+PREFETCH_FACTOR = 2
 
 
 def train_transform(size: int = 224, *, normalize: bool = True):
@@ -94,6 +97,7 @@ def _image_folder_loader(root, transform, batch_size: int, workers: int, *, shuf
         batch_size=batch_size,
         shuffle=shuffle,
         num_workers=workers,
+        prefetch_factor=PREFETCH_FACTOR if workers > 0 else None,
         persistent_workers=workers > 0,
         pin_memory=torch.cuda.is_available(),
     )
@@ -213,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         ("torchvision_train_uint8", torchvision_train_loader_uint8),
     ):
         loader = make(args.data, args.batch_size, args.workers)
-        report[name] = measure_loader(lambda: loader, args.batches, args.warmup)
+        report[name] = measure_loader(lambda l=loader: l, args.batches, args.warmup)
         del loader
     report["decode_bound"] = decode_bound(image_files(args.data), workers=args.workers)
     print(json.dumps(report, indent=2))

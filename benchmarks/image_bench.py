@@ -1,11 +1,11 @@
 """`feedline bench --pipeline image-train|image-val`: feedline against torchvision and the decode-only bound,
 on the same files, batch size and cores, each after a warm-up. The two loaders are measured in alternating
-rounds and each reports its median round, so load from elsewhere on the machine biases neither."""
-from __future__ import annotations
+rounds and each reports its median round, so load from elsewhere on the machine biases neither.
 
-import statistics
-import time
-from typing import Iterable
+With ``trainer_step_ms`` both are then measured again, in alternating rounds, under a simulated trainer that
+sleeps that long per batch on the iterating thread (``"auto"``: feedline's own batch time with no trainer);
+see :mod:`feedline.benchmarks.trainer`."""
+from __future__ import annotations
 
 from tqdm import tqdm
 
@@ -14,60 +14,95 @@ from ..loader.devices import available_cores
 from ..loader.epochs import endless
 from ..pipelines import image
 from . import image_baselines
+from .trainer import alternate, check_trainer_step, counted, cuda_sync, median_rate, resolve_step_s, trainer_summary
 
-
-# Both loaders read ahead in the background (DataLoader workers, DALI's prefetch queue); after a switch the
+# Both loaders read ahead in the background (DataLoader workers, feedline's prefetch queue); after a switch the
 # idle one refills its queue, which would steal cores from the one being timed.
 SETTLE_S = 1.5
+# A round is at least this many times the largest read-ahead, and starts by taking the read-ahead untimed: the
+# queue a loader fills while it waits for its turn is never counted as made during the round.
+ROUND_OVER_READAHEAD = 4
 
 
-def _counted(loader: Iterable, bar: tqdm):
-    """Epoch after epoch of one loader, so rounds continue where the last one stopped, ticking the bar."""
-    for batch in endless(lambda: loader):
-        bar.update(1)
-        yield batch
+def readahead_batches(loader) -> int:
+    """Batches a loader makes ahead of its consumer: feedline's ``prefetch``; a DataLoader's ``prefetch_factor``
+    per worker (none with no workers)."""
+    if isinstance(loader, Loader):
+        return loader.prefetch
+    workers = getattr(loader, "num_workers", 0)
+    return (getattr(loader, "prefetch_factor", None) or 0) * workers if workers else 0
 
 
 def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "cpu", batch_size: int = 64,
                 batches: int = 30, warmup: int = 4, rounds: int = 5, output: str = "float",
-                baseline: str | None = "torchvision", bound: bool = True, progress: bool = True) -> dict:
+                baseline: str | None = "torchvision", bound: bool = True, progress: bool = True,
+                trainer_step_ms: float | str | None = None, settle_s: float | None = None) -> dict:
+    """``batches``: timed batches per loader, split over ``rounds`` rounds; a round is raised to at least
+    ``ROUND_OVER_READAHEAD`` times the largest read-ahead (JSON ``batches_per_round``), so the total can exceed
+    ``batches``. ``trainer_step_ms``: None (no trainer), a step in milliseconds, or ``"auto"``. ``settle_s``: the
+    pause before each turn (None: ``SETTLE_S``)."""
     if pipeline not in ("image-train", "image-val"):
         raise ValueError(f"pipeline must be 'image-train' or 'image-val', got {pipeline!r}")
     if baseline not in (None, "torchvision"):
         raise ValueError(f"baseline for image pipelines must be 'torchvision' or none, got {baseline!r}")
+    for name, value in (("batches", batches), ("rounds", rounds)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    step = check_trainer_step(trainer_step_ms)
+    settle_s = SETTLE_S if settle_s is None else settle_s
     make = image.train if pipeline == "image-train" else image.val
     spec = make(data, output=output)
     cores = available_cores()
-    per_round = batches // rounds or 1
     contenders = {"feedline": Loader(spec, batch_size=batch_size, placement=placement,
                                      shuffle=pipeline == "image-train", last_batch="drop")}
     if baseline:
         contenders["baseline"] = _torchvision(pipeline, output)(data, batch_size, cores)
-    rates: dict[str, list[float]] = {name: [] for name in contenders}
-    total = len(contenders) * (warmup + (per_round + 1) * rounds)
+    readahead = {name: readahead_batches(loader) for name, loader in contenders.items()}
+    untimed = max(max(readahead.values()), 1)
+    per_round = max(batches // rounds, ROUND_OVER_READAHEAD * untimed)
+    sync = cuda_sync()
+    if sync is not None:
+        sync()  # create the CUDA context before anything is timed
+    phases = 1 if step is None else 2
+    total = len(contenders) * (warmup + phases * rounds * (untimed + per_round))
     with tqdm(total=total, desc=f"bench {pipeline}", unit="batch", disable=not progress) as bar:
-        streams = {name: _counted(loader, bar) for name, loader in contenders.items()}
-        for name, stream in streams.items():
-            image_baselines.measure_loader(lambda: stream, 1, max(warmup - 1, 0))
-        for _ in range(rounds):
-            for name, stream in streams.items():
-                bar.set_description(f"bench {name}")
-                time.sleep(SETTLE_S)  # let the other loader's workers finish refilling their queues
-                rates[name].append(image_baselines.measure_loader(lambda: stream, per_round, 1)["samples_per_s"])
+        # epoch after epoch of each loader, so rounds continue where the last one stopped
+        streams = {name: counted(endless(lambda l=loader: l), lambda: bar.update(1))
+                   for name, loader in contenders.items()}
+        for stream in streams.values():
+            for _ in range(warmup):
+                next(stream)
+
+        def turn(name: str, what: str) -> None:
+            bar.set_description(f"bench {name}{what}")
+
+        capacity = alternate(streams, rounds=rounds, per_round=per_round, untimed=untimed, settle_s=settle_s,
+                             sync=sync, on_turn=lambda name: turn(name, ""))
+        loaded, step_s = None, None
+        if step is not None:
+            step_s = resolve_step_s(step, capacity["feedline"])
+            loaded = alternate(streams, rounds=rounds, per_round=per_round, untimed=untimed, step_s=step_s,
+                               settle_s=settle_s, sync=sync,
+                               on_turn=lambda name: turn(name, f" + trainer {step_s * 1000:.1f} ms"))
         for stream in streams.values():
             stream.close()
     feedline = contenders["feedline"]
     result = {"pipeline": pipeline, "placement": spec.describe_cut(feedline.cut), "output": output,
-              "batch_size": batch_size, "batches": per_round * rounds, "rounds": rounds, "cores": cores,
-              "dataset_size": len(feedline.source),
-              "feedline_samples_per_s": statistics.median(rates["feedline"])}
+              "batch_size": batch_size, "batches": per_round * rounds, "rounds": rounds,
+              "batches_per_round": per_round, "untimed_batches_per_round": untimed, "readahead_batches": readahead,
+              "cores": cores, "dataset_size": len(feedline.source),
+              "feedline_samples_per_s": median_rate(capacity["feedline"])}
     feedline.close()
     if baseline:
         result["baseline"] = f"torchvision ImageFolder + DataLoader({cores} workers)"
-        result["baseline_samples_per_s"] = statistics.median(rates["baseline"])
+        result["baseline_samples_per_s"] = median_rate(capacity["baseline"])
         result["speedup"] = result["feedline_samples_per_s"] / result["baseline_samples_per_s"]
-        result["speedup_per_round"] = [round(f / b, 3) for f, b in zip(rates["feedline"], rates["baseline"])]
+        result["speedup_per_round"] = [round(f["samples_per_s"] / b["samples_per_s"], 3)
+                                       for f, b in zip(capacity["feedline"], capacity["baseline"])]
         del contenders["baseline"]
+    if loaded is not None:
+        result.update(trainer_summary(capacity, loaded, step_s, auto=step == "auto",
+                                      baseline="baseline" if baseline else None))
     if bound:
         files = list(feedline.source.paths[: max(batch_size * batches, 512)])
         decode = image_baselines.decode_bound(files, workers=cores)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -25,6 +26,19 @@ def _int_at_least(minimum: int, what: str):
 
 _positive_int = _int_at_least(1, "a positive integer")
 _non_negative_int = _int_at_least(0, "an integer >= 0")
+
+
+def _trainer_step(text: str) -> float | str:
+    """``--trainer-step-ms``: a positive, finite number of milliseconds, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of milliseconds > 0 or 'auto', got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a number of milliseconds > 0 or 'auto', got {text!r}")
+    return value
 
 
 def _existing_path(text: str) -> str:
@@ -68,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batches", type=_positive_int, default=None, help="timed batches after the warm-up")
     bench.add_argument("--output", choices=("float", "uint8"), default="float", help="image output format")
     bench.add_argument("--baseline", choices=("torchvision", "pandas", "none"), default=None)
+    bench.add_argument("--rounds", type=_positive_int, default=None,
+                       help="alternating rounds per contender (default 5; 2 with --placement auto)")
+    bench.add_argument("--trainer-step-ms", type=_trainer_step, default=None, metavar="MS|auto",
+                       help="also measure under a simulated trainer that sleeps MS per batch on the iterating "
+                            "thread (auto: feedline's own batch time with no trainer)")
     bench.add_argument("--json", type=_json_path, metavar="PATH", help="also write the results as JSON")
     bench.add_argument("--no-progress", action="store_true")
 
@@ -116,25 +135,32 @@ def _make_data(args) -> dict:
 
 def _bench(parser: argparse.ArgumentParser, args) -> dict:
     if args.op == "hash":
+        if args.trainer_step_ms is not None:
+            parser.error("--trainer-step-ms applies to --pipeline benchmarks, not to --op hash")
         from ..benchmarks.hash_bench import bench_hash
         return bench_hash()
     if args.data is None:
         parser.error(f"--pipeline {args.pipeline} needs --data (make one with `feedline make-data`)")
     if args.placement == "auto":
+        if args.trainer_step_ms is not None:
+            parser.error("--trainer-step-ms applies to a fixed --placement (cpu or gpu), not to --placement auto, "
+                         "which compares placements")
         return _bench_auto(args)
     if args.pipeline in IMAGE_PIPELINES:
         if args.baseline == "pandas":
             parser.error("--baseline pandas applies to --pipeline criteo; image pipelines compare with torchvision")
         from ..benchmarks.image_bench import bench_image
         return bench_image(args.data, pipeline=args.pipeline, placement=args.placement,
-                           batch_size=args.batch_size or 64, batches=args.batches or 75, output=args.output,
-                           baseline=None if args.baseline == "none" else "torchvision",
-                           progress=not args.no_progress)
+                           batch_size=args.batch_size or 64, batches=args.batches or 75, rounds=args.rounds or 5,
+                           output=args.output, baseline=None if args.baseline == "none" else "torchvision",
+                           progress=not args.no_progress, trainer_step_ms=args.trainer_step_ms)
     if args.baseline == "torchvision":
         parser.error("--baseline torchvision applies to image pipelines; criteo compares with pandas")
     from ..benchmarks.criteo_bench import bench_criteo
     return bench_criteo(args.data, batch_size=args.batch_size or 8192, batches=args.batches,
-                        placement=args.placement, baseline=args.baseline != "none")
+                        placement=args.placement, baseline=args.baseline != "none",
+                        trainer_step_ms=args.trainer_step_ms, rounds=args.rounds or 5,
+                        progress=not args.no_progress)
 
 
 def _spec(pipeline: str, data: str, output: str = "float"):
@@ -154,8 +180,8 @@ def _bench_auto(args) -> dict:
     if args.pipeline in IMAGE_PIPELINES:
         default = ("dali-default", dali_default_image_loader(args.data, train=args.pipeline == "image-train",
                                                              size=224, output=args.output, batch_size=batch_size))
-    return bench_placements(spec, batch_size=batch_size, batches=args.batches or 20, default=default,
-                            progress=not args.no_progress)
+    return bench_placements(spec, batch_size=batch_size, batches=args.batches or 20, rounds=args.rounds or 2,
+                            default=default, progress=not args.no_progress)
 
 
 def _plan(args) -> dict:

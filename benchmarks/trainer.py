@@ -1,0 +1,181 @@
+"""A simulated trainer, written once for every benchmark: throughput as a training job sees it.
+
+For every batch it takes, the trainer sleeps a fixed step on the iterating thread. ``time.sleep`` releases the
+GIL, as a GPU trainer waiting on its kernels does, so a loader that makes its batches on threads of its own
+keeps working during the step, while one that makes them inside ``next()`` makes the trainer wait. The trainer
+records how long it is blocked in ``next()``.
+
+Words used in the reports:
+
+* capacity: samples/s of a bare ``for batch in loader`` loop (no trainer);
+* demand: samples/s the trainer would take if it never waited (mean batch size / step);
+* delivered: samples/s with the trainer, step included;
+* efficiency: delivered / min(capacity, demand), 1.0 when the loader hides entirely behind the step (it can
+  exceed 1 by noise, as capacity and delivered come from different rounds);
+* wait share: seconds blocked in ``next()`` / seconds of the whole timed loop, with the trainer.
+
+Loaders are compared in alternating rounds (:func:`alternate`), each reporting its median round.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Callable, Iterator, Mapping
+
+from ..loader.devices import gpu_available
+from ..loader.epochs import measure_loader
+
+AUTO = "auto"
+
+
+def check_trainer_step(trainer_step_ms: object) -> float | str | None:
+    """``trainer_step_ms`` as given to a benchmark: None (no trainer), ``"auto"``, or a positive finite number
+    of milliseconds; anything else is a ``ValueError``/``TypeError`` naming it."""
+    if trainer_step_ms is None or trainer_step_ms == AUTO:
+        return trainer_step_ms
+    if isinstance(trainer_step_ms, bool) or not isinstance(trainer_step_ms, (int, float)):
+        raise TypeError(f"trainer_step_ms must be a number of milliseconds, 'auto' or None, got "
+                        f"{type(trainer_step_ms).__name__} {trainer_step_ms!r}")
+    if not (math.isfinite(trainer_step_ms) and trainer_step_ms > 0):
+        raise ValueError(f"trainer_step_ms must be a positive, finite number of milliseconds or 'auto', got "
+                         f"{trainer_step_ms!r}")
+    return float(trainer_step_ms)
+
+
+def cuda_sync() -> Callable[[], None] | None:
+    """``torch.cuda.synchronize`` where a CUDA GPU is usable, else None: call it before every clock read, so
+    that work still queued on the device is counted. Call it once before the first timed region too (the first
+    call creates the CUDA context, which must not land inside a measurement)."""
+    if gpu_available():
+        import torch
+        return torch.cuda.synchronize
+    return None
+
+
+def run_trainer(stream: Iterator, batches: int, step_s: float, sync: Callable[[], None] | None = None, *,
+                warmup: int = 0) -> dict:
+    """Take ``batches`` batches from ``stream`` (an endless iterator, e.g. ``feedline.loader.epochs.endless(lambda:
+    loader)``), sleeping ``step_s`` seconds on this thread after each one, after ``warmup`` batches taken the same
+    way but not timed. ``step_s=0`` is the bare loop, i.e. the loader's capacity. ``sync`` runs before the clock
+    starts and before it stops (``torch.cuda.synchronize`` on a GPU; see :func:`cuda_sync`).
+
+    Returns ``samples_per_s`` (delivered, step included), ``batches``, ``samples``, ``seconds`` (the timed loop),
+    ``wait_s`` (blocked in ``next()``), ``wait_share`` (``wait_s / seconds``), ``step_s`` and
+    ``demand_samples_per_s`` (``samples / (batches * step_s)``, the rate if the trainer never waited; ``inf``
+    with no step) and ``slept_s`` (the mean measured length of a step: more than ``step_s`` when the machine is
+    too busy to wake the trainer on time).
+    """
+    if isinstance(step_s, bool) or not isinstance(step_s, (int, float)) or not math.isfinite(step_s) or step_s < 0:
+        raise ValueError(f"step_s must be a finite number of seconds >= 0, got {step_s!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    waited, stepped = [0.0], [0.0]
+    taken = [0]
+
+    def trained():
+        while True:
+            began = time.perf_counter()
+            try:
+                batch = next(stream)
+            except StopIteration:
+                raise ValueError(f"the stream ended after {taken[0]} batches; run_trainer needs an endless "
+                                 f"stream (feedline.loader.epochs.endless(lambda: loader))") from None
+            waited[0] += time.perf_counter() - began
+            taken[0] += 1
+            if step_s:
+                began = time.perf_counter()
+                time.sleep(step_s)  # the step: releases the GIL, as a trainer waiting on its GPU kernels
+                stepped[0] += time.perf_counter() - began
+            yield batch
+
+    steps = trained()
+    for _ in range(warmup):
+        next(steps)
+    waited[0] = stepped[0] = 0.0
+    # measure_loader's clock covers `batches` whole iterations: each is next() on the loader, then the step
+    timed = measure_loader(lambda: steps, batches, 0, sync=sync)
+    steps.close()
+    seconds = timed["seconds"]
+    return {**timed, "wait_s": waited[0], "wait_share": waited[0] / seconds, "step_s": float(step_s),
+            "slept_s": stepped[0] / batches,
+            "demand_samples_per_s": timed["samples"] / (batches * step_s) if step_s else math.inf}
+
+
+def efficiency(delivered: float, capacity: float, demand: float) -> float:
+    """``delivered / min(capacity, demand)``: the share of what the trainer could have had, given what the loader
+    can make (capacity) and what the trainer can take (demand = mean batch size / step; ``inf`` with no step)."""
+    for name, value in (("delivered", delivered), ("capacity", capacity), ("demand", demand)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+            raise ValueError(f"{name} must be a number of samples/s >= 0, got {value!r}")
+    if capacity <= 0 or demand <= 0:
+        raise ValueError(f"capacity and demand must be > 0, got capacity={capacity!r}, demand={demand!r}")
+    return delivered / min(capacity, demand)
+
+
+def alternate(streams: Mapping[str, Iterator], *, rounds: int, per_round: int, untimed: int, step_s: float = 0.0,
+              settle_s: float = 0.0, sync: Callable[[], None] | None = None,
+              on_turn: Callable[[str], None] | None = None) -> dict[str, list[dict]]:
+    """``rounds`` rounds; in each, every stream in turn gets :func:`run_trainer` over ``per_round`` timed batches
+    after ``untimed`` ones (at least a loader's read-ahead, which fills while it waits for its turn, so that it
+    does not count as made in the round), after a ``settle_s`` pause (the other loaders' read-ahead refills
+    during it instead of during the timed batches). Returns every round's result per stream."""
+    for name, value in (("rounds", rounds), ("per_round", per_round)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    results: dict[str, list[dict]] = {name: [] for name in streams}
+    for _ in range(rounds):
+        for name, stream in streams.items():
+            if on_turn is not None:
+                on_turn(name)
+            if settle_s:
+                time.sleep(settle_s)
+            results[name].append(run_trainer(stream, per_round, step_s, sync, warmup=untimed))
+    return results
+
+
+def median_rate(runs: list[dict]) -> float:
+    return statistics.median(r["samples_per_s"] for r in runs)
+
+
+def auto_step_s(capacity_runs: list[dict]) -> float:
+    """The loader's own batch time with no trainer: one over its median batch rate (batches/s) over the rounds."""
+    return 1.0 / statistics.median(r["batches"] / r["seconds"] for r in capacity_runs)
+
+
+def resolve_step_s(trainer_step_ms: float | str, capacity_runs: list[dict]) -> float:
+    """Seconds per step: ``trainer_step_ms`` / 1000, or with ``"auto"`` the batch time of ``capacity_runs``."""
+    return auto_step_s(capacity_runs) if trainer_step_ms == AUTO else trainer_step_ms / 1000.0
+
+
+def trainer_summary(capacity: Mapping[str, list[dict]], loaded: Mapping[str, list[dict]], step_s: float, *,
+                    auto: bool, main: str = "feedline", baseline: str | None = "baseline") -> dict:
+    """The report's trainer keys from capacity rounds (no trainer) and loaded rounds (``step_s`` per batch):
+    ``trainer_step_ms``, ``trainer_step_auto``, ``trainer_step_measured_ms``, ``demand_samples_per_s``, ``capacity_samples_per_s``,
+    ``delivered_samples_per_s``, ``efficiency``, ``trainer_wait_share`` for ``main``, and where ``baseline``
+    was measured the same with a ``baseline_`` prefix plus ``delivered_speedup`` (main delivered / baseline
+    delivered) and ``delivered_speedup_per_round``. Each figure is the median over rounds."""
+    result = {"trainer_step_ms": step_s * 1000.0, "trainer_step_auto": auto,
+              "trainer_step_measured_ms": 1000.0 * statistics.median(r["slept_s"] for r in loaded[main])}
+    result["demand_samples_per_s"] = statistics.median(r["demand_samples_per_s"] for r in loaded[main])
+    for name, prefix in ((main, ""), (baseline, "baseline_")):
+        if name is None or name not in loaded:
+            continue
+        cap, got = median_rate(capacity[name]), median_rate(loaded[name])
+        demand = statistics.median(r["demand_samples_per_s"] for r in loaded[name])
+        result[f"{prefix}capacity_samples_per_s"] = cap
+        result[f"{prefix}delivered_samples_per_s"] = got
+        result[f"{prefix}efficiency"] = efficiency(got, cap, demand)
+        result[f"{prefix}trainer_wait_share"] = statistics.median(r["wait_share"] for r in loaded[name])
+    if baseline is not None and baseline in loaded:
+        result["delivered_speedup"] = result["delivered_samples_per_s"] / result["baseline_delivered_samples_per_s"]
+        result["delivered_speedup_per_round"] = [round(f["samples_per_s"] / b["samples_per_s"], 3)
+                                                 for f, b in zip(loaded[main], loaded[baseline])]
+    return result
+
+
+def counted(stream: Iterator, tick: Callable[[], None]) -> Iterator:
+    """``stream``, calling ``tick()`` after every batch (a progress bar's ``update``)."""
+    for batch in stream:
+        tick()
+        yield batch
