@@ -51,6 +51,7 @@ def test_gpu_failure_falls_back_to_cpu_without_losing_a_batch(image_dir, monkeyp
     monkeypatch.setattr(Loader, "_runner_for", runner_for)
     loader = Loader(spec, batch_size=5, placement="gpu", seed=1)
     assert loader.cut == 1 and loader.device.type == "cuda"
+    loader.device = cpu  # no GPU here to deliver to (nor a CUDA stream to make batches on)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         seen = [i for batch in loader for i in batch["index"].tolist()]
