@@ -44,8 +44,9 @@ class BackgroundStream:
         self._describe = describe
         self._done = False
         self._thread = threading.Thread(target=self._run, args=(make,), name=THREAD_NAME, daemon=True)
-        self._thread.start()
         _live.add(self)
+        _last_at_exit()
+        self._thread.start()
 
     # ---- the stream's thread ------------------------------------------------------------------
     def _run(self, make: Callable[[], Iterator]) -> None:
@@ -157,8 +158,14 @@ def _tensors(value: Any):
             yield from _tensors(v)
 
 
-@atexit.register
 def _close_all() -> None:
     """No batch thread outlives the interpreter's last Python code: each is stopped and joined at exit."""
     for stream in list(_live):
         stream.close()
+
+
+def _last_at_exit() -> None:
+    """(Re)register ``_close_all`` so that it runs before every exit hook registered so far: the threads must
+    stop before DALI's own hook shuts its pipelines down under them."""
+    atexit.unregister(_close_all)
+    atexit.register(_close_all)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 
 import torch
 
@@ -38,8 +39,13 @@ def parse_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+# What CUDA, torch, CuPy, nvJPEG and DALI say when the GPU itself fails (seen in their messages, e.g. DALI's
+# "CUDA allocation failed", "Can't allocate N bytes on device 0", 'NVJPEG error "5" :
+# NVJPEG_STATUS_ALLOCATOR_FAILURE', "CUDA runtime API error cudaErrorIllegalAddress (700)").
 _GPU_FAILURE_WORDS = ("out of memory", "cuda error", "cudaerror", "device-side", "no cuda-capable device",
-                      "cuda driver", "nvjpeg", "device lost", "gpu is lost", "illegal memory access")
+                      "cuda driver", "nvjpeg", "device lost", "gpu is lost", "illegal memory access",
+                      "cuda allocation failed", "cuda runtime api error", "cuda_error")
+_DEVICE_ALLOCATION = re.compile(r"can't allocate \d+ bytes on device")
 
 
 def is_gpu_failure(exc: BaseException) -> bool:
@@ -47,4 +53,5 @@ def is_gpu_failure(exc: BaseException) -> bool:
     if isinstance(exc, torch.cuda.OutOfMemoryError):
         return True
     text = str(exc).lower()
-    return isinstance(exc, (RuntimeError, MemoryError)) and any(w in text for w in _GPU_FAILURE_WORDS)
+    return isinstance(exc, (RuntimeError, MemoryError)) and (any(w in text for w in _GPU_FAILURE_WORDS)
+                                                             or _DEVICE_ALLOCATION.search(text) is not None)

@@ -145,8 +145,11 @@ class Loader:
         it, so the next epoch's first batches are in flight while this epoch's last ones are consumed."""
         self._close_stream()
         epoch, start = self.cursor.next_sample
+        done = 0 if self.cursor.complete else self.cursor.batches  # batches of ``epoch`` already delivered
         sampler = self.sampler  # the thread holds the sampler and the runner, never the Loader
-        plans = (plan for e in itertools.count(epoch) for plan in sampler.epoch(e, start_sample=start if e == epoch else 0))
+        plans = (plan for e in itertools.count(epoch)
+                 for plan in sampler.epoch(e, start_sample=start if e == epoch else 0,
+                                           first_batch=done if e == epoch else 0))
         where = f"making {self.pipeline.name!r} batches from sample {start} of epoch {epoch} on " \
                 f"(placement {self.pipeline.describe_cut(self.cut)})"
         self._stream = BackgroundStream(functools.partial(self._runner.batches, plans), self.prefetch,
@@ -165,22 +168,25 @@ class Loader:
             self._follow(self._auto.start())
         if self._stream is None or self._stream_at != self.cursor.next_sample:
             self._open_stream()
-        epoch, samples, skipped = self.cursor.epoch, 0, 0
+        epoch, samples, padding, skipped = self.cursor.epoch, 0, 0, 0
         while not self.cursor.complete:
             batch, info = self._next()
             skipped += info.skipped
             self.cursor.advance(info, delivered=batch is not None)
             self._stream_at = self.cursor.next_sample
             if batch is not None:
-                samples += len(batch["index"])
+                valid = int(batch["valid"].sum()) if "valid" in batch else len(batch["index"])
+                samples += valid
+                padding += len(batch["index"]) - valid
                 if self._auto is not None:
                     plan = self._auto.delivered(len(batch["index"]))
                     if plan is not None:
                         self._follow(plan)  # the next batch comes from the new placement, after this one
                 yield batch
-        self.epoch_summaries[epoch] = {"batches": self.cursor.batches, "samples": samples, "skipped": skipped}
-        log.log(logging.WARNING if skipped else logging.INFO, "feedline: epoch %d delivered %d samples in %d "
-                "batches, skipped %d", epoch, samples, self.cursor.batches, skipped)
+        self.epoch_summaries[epoch] = {"batches": self.cursor.batches, "samples": samples, "padding": padding,
+                                       "skipped": skipped}
+        log.log(logging.WARNING if skipped else logging.INFO, "feedline: epoch %d delivered %d samples (and %d "
+                "padding) in %d batches, skipped %d", epoch, samples, padding, self.cursor.batches, skipped)
 
     def _next(self) -> tuple[dict | None, Any]:
         """The next ``(batch, info)``. If the GPU fails under a GPU placement, move to the CPU placement and

@@ -12,14 +12,16 @@ import numpy as np
 
 from ..pipelines.choices import parse_enum
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: partial shards are equal across ranks (one padding repeat where needed)
 
 
 class LastBatch(enum.Enum):
     """What happens to the samples that do not fill a last whole batch.
 
     DROP: they are not delivered this epoch (every rank yields the same number of full batches).
-    PARTIAL: the last batch of a rank is smaller.
+    PARTIAL: the last batch of a rank is smaller. With several ranks every rank gets ``ceil(N / world_size)``
+    samples, a rank with one fewer getting one repeat marked invalid, so every rank yields the same number of
+    batches (a DDP job steps in lockstep) and the valid samples over all ranks are the dataset exactly once.
     PAD: the shard and its last batch are filled up with repeats of earlier samples, which the batch's
     ``valid`` mask marks False, so every rank yields the same number of full batches and the valid samples
     over all ranks are the dataset exactly once.
@@ -37,6 +39,8 @@ class BatchPlan:
     epoch: int = 0       # keys per-sample augmentation randomness together with the index
     start: int = 0       # position of the first sample in this rank's order for the epoch
     last: bool = True    # the epoch's last batch on this rank
+    batch: int = 0       # the batch's number in its epoch on this rank
+    shard: int | None = None  # samples in the epoch on this rank (None: a plan on its own)
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -74,9 +78,10 @@ class EpochSampler:
     def _shard(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         order = self._order(epoch)
         valid = np.ones(order.size, dtype=bool)
-        if self.last_batch is LastBatch.PAD:
+        if self.last_batch is not LastBatch.DROP:
             per_rank = -(-self.num_samples // self.world_size)
-            per_rank = -(-per_rank // self.batch_size) * self.batch_size
+            if self.last_batch is LastBatch.PAD:
+                per_rank = -(-per_rank // self.batch_size) * self.batch_size
             total = per_rank * self.world_size
             extra = total - order.size
             order = np.concatenate([order, np.resize(order, extra)])
@@ -92,21 +97,22 @@ class EpochSampler:
         """Batches this rank yields per epoch."""
         if self.last_batch is LastBatch.DROP:
             return (self.num_samples // self.world_size) // self.batch_size
-        per_rank = len(range(self.rank, self.num_samples, self.world_size))
-        if self.last_batch is LastBatch.PAD:
-            per_rank = -(-self.num_samples // self.world_size)
-        return -(-per_rank // self.batch_size)
+        return -(-(-(-self.num_samples // self.world_size)) // self.batch_size)
 
-    def epoch(self, epoch: int, start_batch: int = 0, *, start_sample: int | None = None) -> list[BatchPlan]:
+    def epoch(self, epoch: int, start_batch: int = 0, *, start_sample: int | None = None,
+              first_batch: int | None = None) -> list[BatchPlan]:
         """The epoch's batches from batch ``start_batch``, or from sample position ``start_sample`` (then the
-        first plan runs from there to the next batch boundary)."""
+        first plan runs from there to the next batch boundary, and is batch ``first_batch`` of the epoch: a
+        runner that filled batches past skipped samples has delivered fewer samples than its batches hold)."""
         shard, valid = self._shard(epoch)
         start = start_batch * self.batch_size if start_sample is None else start_sample
         if not 0 <= start <= shard.size:
             raise ValueError(f"epoch {epoch} has {shard.size} samples on this rank; cannot start at {start}")
+        number = start // self.batch_size if first_batch is None else first_batch
         bounds = [start] + list(range((start // self.batch_size + 1) * self.batch_size, shard.size, self.batch_size))
         bounds = [b for b in bounds if b < shard.size] + [shard.size]
-        return [BatchPlan(shard[a:b], valid[a:b], epoch, a, b == shard.size) for a, b in zip(bounds, bounds[1:])]
+        return [BatchPlan(shard[a:b], valid[a:b], epoch, a, b == shard.size, number + k, shard.size)
+                for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
     def shard_size(self, epoch: int) -> int:
         return self._shard(epoch)[0].size

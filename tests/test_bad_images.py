@@ -45,10 +45,13 @@ def test_skip_leaves_out_only_the_bad_file(tmp_path, case, shuffle):
         sizes, seen = [], []
         for batch in loader:
             sizes.append(len(batch["index"]))
-            seen += batch["index"].tolist()
+            seen += batch["index"][batch["valid"]].tolist() if "valid" in batch else batch["index"].tolist()
         assert sorted(seen) == [i for i in range(12) if i != bad_index]
-        assert sizes == [4, 4, 3]  # the batch with the bad file is filled from the next good ones
-        assert loader.epoch_summaries[epoch] == {"batches": 3, "samples": 11, "skipped": 1}
+        # The batch with the bad file is filled from the next good ones; the slot the epoch lacks at its end
+        # is padding (valid False), so the rank still makes its 3 planned batches of 4.
+        assert sizes == [4, 4, 4]
+        assert batch["valid"].tolist() == [True] * 3 + [False] and batch["index"][-1] == -1
+        assert loader.epoch_summaries[epoch] == {"batches": 3, "samples": 11, "padding": 1, "skipped": 1}
     assert [(s.where, s.index) for s in loader.skipped] == [(target, bad_index)]
     assert REASONS[case] in loader.skipped[0].reason
 
@@ -78,15 +81,29 @@ def test_size_limit_is_configurable(tmp_path):
     assert len(list(Loader(spec, batch_size=1, placement="cpu", max_pixels=320 * 240))) == 1
 
 
-def test_an_epoch_whose_tail_is_all_bad_ends_cleanly(tmp_path):
+def test_an_epoch_whose_tail_is_all_bad_ends_in_padding(tmp_path):
     write_images(tmp_path, 4, classes=1, seed=6)
     for k in range(3):
         (tmp_path / "class_0" / f"zz_{k}.jpg").write_bytes(b"")
     spec = image.train(tmp_path, size=32, output="uint8")
     loader = Loader(spec, batch_size=2, shuffle=False, placement="cpu", on_error="skip")
+    assert len(loader) == 4
     for _ in range(2):
-        assert [b["index"].tolist() for b in loader] == [[0, 1], [2, 3]]
+        batches = list(loader)
+        assert [b["index"].tolist() for b in batches] == [[0, 1], [2, 3], [-1, -1], [-1]]
+        assert [b.get("valid", torch.ones(len(b["index"]), dtype=torch.bool)).tolist() for b in batches] == \
+            [[True, True], [True, True], [False, False], [False]]
+        assert all(not b["image"][~b["valid"]].any() for b in batches[2:])  # padding images are zeros
     assert len(loader.skipped) == 3
+
+
+def test_an_epoch_with_no_good_sample_is_an_error(tmp_path):
+    (tmp_path / "c").mkdir()
+    for k in range(3):
+        (tmp_path / "c" / f"zz_{k}.jpg").write_bytes(b"")
+    loader = Loader(image.val(tmp_path, size=32), batch_size=2, placement="cpu", on_error="skip")
+    with pytest.raises(DataError, match="every sample of epoch 0 on this rank was bad"):
+        list(loader)
 
 
 def test_resume_after_a_skip_gives_the_same_batches(tmp_path):
@@ -108,3 +125,31 @@ def test_resume_after_a_skip_gives_the_same_batches(tmp_path):
 def test_on_error_must_be_raise_or_skip(image_dir):
     with pytest.raises(ValueError, match=r"on_error must be one of \['raise', 'skip'\]"):
         Loader(image.val(image_dir), batch_size=2, on_error="ignore")
+
+
+@pytest.mark.parametrize("policy", ["partial", "pad", "drop"])
+def test_every_rank_yields_its_planned_batches_whatever_it_skips(tmp_path, policy):
+    """A bad file in one rank's shard only: that rank fills its batches from its next good samples and pads
+    the end of its epoch, so both ranks step len(loader) times (a DDP job stays in lockstep) and the samples
+    marked valid are every good sample of the shards exactly once."""
+    write_images(tmp_path, 13, classes=1, seed=8)
+    bad = tmp_path / "class_0" / "img_0003.jpg"
+    bad.write_bytes(payload("text", seed=2))  # (a truncated JPEG may still decode where the crop window lies)
+    spec = image.train(tmp_path, size=32, output="uint8")
+    valid, shard_samples = [], set()
+    for rank in range(2):
+        loader = Loader(spec, batch_size=3, placement="cpu", seed=4, rank=rank, world_size=2, last_batch=policy,
+                        on_error="skip")
+        for epoch in range(2):
+            batches = list(loader)
+            assert len(batches) == len(loader)
+            assert [len(b["index"]) for b in batches] == [len(p.indices) for p in loader.sampler.epoch(epoch)]
+            for b in batches:
+                mask = b.get("valid", torch.ones(len(b["index"]), dtype=torch.bool))
+                valid += [(epoch, i) for i in b["index"][mask].tolist()]
+            shard_samples |= {(epoch, i) for p in loader.sampler.epoch(epoch) for i in p.indices.tolist()}
+        assert len(loader) == len(Loader(spec, batch_size=3, placement="cpu", rank=1 - rank, world_size=2,
+                                         last_batch=policy))
+    bad_index = sorted(str(p) for p in tmp_path.rglob("*.jpg")).index(str(bad))
+    assert len(valid) == len(set(valid))
+    assert set(valid) == {(e, i) for e, i in shard_samples if i != bad_index}

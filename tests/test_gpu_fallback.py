@@ -66,3 +66,107 @@ def test_data_errors_and_bugs_are_not_gpu_failures():
     assert not is_gpu_failure(ValueError("image data is corrupt"))
     assert not is_gpu_failure(RuntimeError("shape mismatch"))
     assert is_gpu_failure(torch.cuda.OutOfMemoryError("x"))
+
+
+# What DALI raises when the GPU fails under a GPU placement (texts as DALI prints them).
+DALI_GPU_FAILURES = [
+    "Critical error in pipeline:\nError when executing Mixed operator ImageDecoder encountered:\nCUDA allocation "
+    "failed\nCurrent pipeline object is no longer valid.",
+    "Critical error in pipeline:\nError when executing Mixed operator ImageDecoder encountered:\nCan't allocate "
+    "129499136 bytes on device 0.\nCurrent pipeline object is no longer valid.",
+    'Critical error in pipeline:\nError in MIXED operator `nvidia.dali.fn.decoders.image`,\nencountered:\n\n'
+    'NVJPEG error "5" : NVJPEG_STATUS_ALLOCATOR_FAILURE\nCurrent pipeline object is no longer valid.',
+    "Critical error in pipeline:\nError in GPU operator `nvidia.dali.fn.resize`,\nencountered:\n\nCUDA runtime API "
+    "error cudaErrorIllegalAddress (700):\nan illegal memory access was encountered\nCurrent pipeline object is no "
+    "longer valid.",
+]
+
+
+class FailingPipeline:
+    """A real DALI pipeline whose ``outputs()`` raises ``message`` (as DALI does) once ``after`` batches came."""
+
+    def __init__(self, pipe, after: int, message: str):
+        self.pipe, self.after, self.message = pipe, after, message
+
+    def outputs(self):
+        if self.after == 0:
+            raise RuntimeError(self.message)
+        self.after -= 1
+        return self.pipe.outputs()
+
+    def __getattr__(self, name):
+        return getattr(self.pipe, name)
+
+
+def failing_at_dali(runner, message: str, after: int = 0, at_build: bool = False):
+    """Make ``runner``'s DALI pipeline fail with ``message``: when it is built, or on ``outputs()``."""
+    real = runner._pipeline
+
+    def pipeline():
+        if at_build:
+            raise RuntimeError(message)
+        return FailingPipeline(real(), after, message)
+
+    runner._pipeline = pipeline
+    return runner
+
+
+@pytest.mark.parametrize("message", DALI_GPU_FAILURES)
+def test_a_gpu_failure_inside_dali_comes_out_as_itself(image_dir, message):
+    from runners import image_runner
+    from feedline.loader.sampler import EpochSampler
+
+    runner = failing_at_dali(image_runner(image.val(image_dir, size=32), batch_size=4), message, after=1)
+    plans = EpochSampler(37, 4, shuffle=False).epoch(0)
+    stream = runner.batches(iter(plans))
+    next(stream)
+    with pytest.raises(RuntimeError) as info:
+        next(stream)
+    assert str(info.value) == message and is_gpu_failure(info.value)
+    assert not isinstance(info.value, ValueError)  # not turned into a DataError
+
+
+def test_a_corrupt_file_is_still_a_data_error_whatever_dali_says(tmp_path):
+    from conftest import write_images
+    from corrupt_images import payload
+    from runners import image_runner
+    from feedline.loader import DataError
+    from feedline.loader.sampler import EpochSampler
+
+    write_images(tmp_path, 6, classes=1, seed=3)
+    bad = tmp_path / "class_0" / "img_0002.jpg"
+    bad.write_bytes(payload("truncated", seed=1))
+    message = ('Critical error in pipeline:\nError in MIXED operator `nvidia.dali.fn.decoders.image`,\n'
+               'encountered:\n\nnvJPEG error "6": NVJPEG_STATUS_EXECUTION_FAILED\nCurrent pipeline object is no '
+               'longer valid.')
+    runner = failing_at_dali(image_runner(image.val(tmp_path, size=32), batch_size=6), message)
+    with pytest.raises(DataError) as info:
+        next(runner.batches(iter(EpochSampler(6, 6, shuffle=False).epoch(0))))
+    assert info.value.where == str(bad)
+
+
+@pytest.mark.parametrize("at_build", [True, False])
+@pytest.mark.parametrize("message", DALI_GPU_FAILURES[::3])
+def test_the_loader_falls_back_when_dali_fails_on_the_gpu(image_dir, monkeypatch, message, at_build):
+    """The Loader runs a GPU placement whose DALI pipeline fails with DALI's own message, at build time or
+    mid-epoch; it moves to the CPU and delivers every sample exactly once, in the CPU placement's order."""
+    spec = image.train(image_dir, size=32, output="uint8")
+    monkeypatch.setattr(loader_module, "gpu_available", lambda: True)
+    make = Loader._runner_for
+    cpu = torch.device("cpu")
+
+    def runner_for(self, config):
+        runner = make(self, dataclasses.replace(config, cut=spec.all_cpu, device=cpu))
+        return runner if config.cut == spec.all_cpu else failing_at_dali(runner, message, 2, at_build)
+
+    monkeypatch.setattr(Loader, "_runner_for", runner_for)
+    loader = Loader(spec, batch_size=5, placement="gpu", seed=1)
+    loader.device = cpu  # no GPU here to deliver to (nor a CUDA stream to make batches on)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches = [(b["index"].tolist(), b["image"]) for b in loader]
+    reference = [(b["index"].tolist(), b["image"]) for b in Loader(spec, batch_size=5, placement="cpu", seed=1)]
+    assert [i for i, _ in batches] == [i for i, _ in reference]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(batches, reference, strict=True))
+    assert loader.cut == spec.all_cpu and len(loader.fallbacks) == 1
+    assert any("continuing on the CPU placement" in str(w.message) for w in caught)

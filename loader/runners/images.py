@@ -7,6 +7,7 @@ it and the order, sharding and resumption stay with the Loader.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import resource
@@ -23,6 +24,7 @@ from ...pipelines.counter_rng import uniform
 from ...pipelines.image import infer_types
 from ...pipelines.imaging.types import Dtype, ImageType
 from ...pipelines.spec import PipelineSpec
+from ..devices import is_gpu_failure
 from ..errors import DataError, OnError, Skipped
 from ..sampler import BatchPlan
 from ..sources.image_files import ImageFiles
@@ -41,7 +43,22 @@ class Sample:
     epoch: int
     index: int
     valid: bool
-    position: int  # in this rank's order for the epoch
+    position: int      # in this rank's order for the epoch
+    batch: int         # the number of the batch its plan was, in the epoch
+    shard: int | None  # the epoch's samples on this rank (see BatchPlan)
+
+
+@dataclass
+class EpochFill:
+    """How far the runner is in making one epoch's batches: the next batch's number, and whether any good
+    sample came at all (in an epoch this stream began at its start)."""
+
+    epoch: int
+    batch: int
+    shard: int | None
+    from_start: bool
+    good: int = 0
+    finished: bool = False
 
 
 class SampleQueue:
@@ -57,7 +74,7 @@ class SampleQueue:
             plan = next(self._plans, None)
             if plan is None:
                 return None
-            self._items.extend(Sample(plan.epoch, i, v, plan.start + k)
+            self._items.extend(Sample(plan.epoch, i, v, plan.start + k, plan.batch, plan.shard)
                                for k, (i, v) in enumerate(zip(plan.indices.tolist(), plan.valid.tolist())))
         return self._items[0]
 
@@ -73,12 +90,14 @@ class SampleQueue:
 @dataclass
 class HostBatch:
     """One batch as the host prepared it: the samples taken (bad ones included), every image stage's
-    parameters for the good ones, and DALI's inputs. A batch whose samples were all bad has no inputs and
-    only ends an epoch."""
+    parameters for the good ones, DALI's inputs, and ``pad`` slots that skipped samples left empty at the end
+    of the epoch. A batch without good samples is all padding and never enters DALI."""
 
     taken: list[Sample]
     good: list[Sample]
     info: BatchInfo
+    pad: int = 0
+    fill_before: EpochFill | None = None  # the epoch's progress before this batch, to make it again
     params: list[dict] = field(default_factory=list)   # per image stage: name -> one row per good sample
     feeds: dict[str, object] = field(default_factory=dict)
     pixels: list[float] = field(default_factory=list)  # per image stage: mean output pixels per sample
@@ -100,6 +119,8 @@ class ImageRunner:
         self.prefetch = config.prefetch
         self.on_error = config.on_error
         self.max_pixels = config.max_pixels
+        import nvidia.dali  # noqa: F401  (now, on this thread: its exit hook must be registered before the Loader's)
+
         self.graph = image_graph.plan(spec, config.cut, infer_types(spec.stages[1:]))
         self.engines = self.graph.engines
         gpu = gpu or (self.device if self.device.type == "cuda" else torch.device("cuda"))
@@ -114,6 +135,7 @@ class ImageRunner:
         self._pipe = None
         self._fresh = True
         self._queue = SampleQueue(iter(()))
+        self._fill: EpochFill | None = None
         self._pending: deque[HostBatch] = deque()
 
     def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> torch.Tensor:
@@ -147,14 +169,23 @@ class ImageRunner:
             log.warning("feedline: skipped %s: %s", error.where, error.reason)
 
     def _assemble(self) -> HostBatch | None:
-        """Take samples until the batch holds ``batch_size`` good ones or the epoch ends."""
+        """The epoch's next batch: as many good samples as the batch's planned size, taken in order past the
+        bad ones. Where the epoch runs out of samples first, the rest of the batch is padding, and so are any
+        batches still planned: every rank makes exactly its planned batches of their planned sizes (a DDP job
+        cannot hang on a rank that skipped more)."""
         first = self._queue.peek()
-        if first is None:
-            return None
+        before = dataclasses.replace(self._fill) if self._fill is not None else None
+        fill = self._fill
+        if fill is None or fill.finished:
+            if first is None:
+                return None
+            fill = self._fill = EpochFill(first.epoch, first.batch, first.shard, from_start=first.position == 0)
+        target = self.batch_size if fill.shard is None else min(self.batch_size,
+                                                                 fill.shard - fill.batch * self.batch_size)
         taken, good, encoded, sizes = [], [], [], []
-        while len(good) < self.batch_size:
+        while len(good) < target:
             sample = self._queue.peek()
-            if sample is None or sample.epoch != first.epoch:
+            if sample is None or sample.epoch != fill.epoch:
                 break
             taken.append(self._queue.pop())
             try:
@@ -168,17 +199,21 @@ class ImageRunner:
             encoded.append(data)
             sizes.append(size)
         after = self._queue.peek()
-        info = BatchInfo(first.epoch, taken[-1].position + 1, after is None or after.epoch != first.epoch,
-                         skipped=len(taken) - len(good))
-        if not good and first.position == 0:
-            # A batch that ends empty took its whole epoch: nothing on this rank can be delivered, ever.
-            raise DataError(self.source.origin, f"every one of the {len(taken)} samples of epoch {first.epoch} on "
-                                                f"this rank was bad and skipped (first: {self.skipped[0].where}: "
-                                                f"{self.skipped[0].reason})")
-        batch = HostBatch(taken, good, info)
+        run_out = after is None or after.epoch != fill.epoch
+        fill.batch += 1
+        fill.good += len(good)
+        fill.finished = run_out if fill.shard is None else fill.batch * self.batch_size >= fill.shard
+        if fill.finished and fill.from_start and not fill.good:
+            # Nothing on this rank can be delivered, ever; padding epoch after epoch would hide it.
+            raise DataError(self.source.origin, f"every sample of epoch {fill.epoch} on this rank was bad and "
+                                                f"skipped (first: {self.skipped[0].where}: {self.skipped[0].reason})")
+        padded = run_out and fill.shard is not None
+        end = fill.shard if padded else taken[-1].position + 1
+        info = BatchInfo(fill.epoch, end, fill.finished, skipped=len(taken) - len(good))
+        batch = HostBatch(taken, good, info, target - len(good) if padded else 0, before)
         if good:
             indices = np.array([s.index for s in good], dtype=np.int64)
-            batch.params, batch.pixels = self._sample(first.epoch, indices,
+            batch.params, batch.pixels = self._sample(fill.epoch, indices,
                                                       np.array(sizes, dtype=np.int64).reshape(-1, 2))
             batch.feeds = image_graph.feeds(self.graph, encoded, batch.params)
         return batch
@@ -225,22 +260,25 @@ class ImageRunner:
                 return tuple(batch.feeds[name] for name in self._feed_names)
 
     def batches(self, plans: Iterator[BatchPlan]) -> Iterator[tuple[dict[str, torch.Tensor] | None, BatchInfo]]:
-        """Yields ``(batch, info)``; ``batch`` is None for an epoch end with no good sample left to deliver."""
+        """Yields ``(batch, info)``, one per planned batch."""
         self._queue = SampleQueue(plans)
+        self._fill = None
         pipe = self._pipeline()
         finished = False
         try:
             self._prime(pipe)
             while True:
                 if self._pending and not self._pending[0].good:
-                    yield None, self._pending.popleft().info
+                    host = self._pending.popleft()
+                    yield self._padding(host), host.info
                     continue
                 try:
                     (images,) = pipe.outputs()
                 except StopIteration:
                     finished = True
                     while self._pending:
-                        yield None, self._pending.popleft().info
+                        host = self._pending.popleft()
+                        yield self._padding(host), host.info
                     return
                 except RuntimeError as exc:
                     self._recover(exc)
@@ -270,27 +308,54 @@ class ImageRunner:
         self._fresh = False
 
     def _batch(self, images, host: HostBatch) -> dict[str, torch.Tensor]:
-        indices = np.array([s.index for s in host.good], dtype=np.int64)
-        valid = np.array([s.valid for s in host.good], dtype=bool)
         if self._pixels is not None:
             self._pixels += np.asarray(host.pixels) * len(host.good)
+        indices = np.array([s.index for s in host.good], dtype=np.int64)
+        valid = np.array([s.valid for s in host.good], dtype=bool)
         batch = {"image": self._images(images, host), "label": torch.from_numpy(self.source.labels[indices]),
                  "index": torch.from_numpy(indices)}
         if not valid.all():
             batch["valid"] = torch.from_numpy(valid)
-        return batch
+        return self._padded(batch, host.pad) if host.pad else batch
+
+    def _padded(self, batch: dict[str, torch.Tensor], pad: int) -> dict[str, torch.Tensor]:
+        """``batch`` with ``pad`` padding rows after its samples: zero images, label and index -1, and
+        ``valid`` False."""
+        image = batch["image"]
+        valid = batch.get("valid", torch.ones(image.shape[0], dtype=torch.bool))
+        return {"image": torch.cat([image, image.new_zeros((pad, *image.shape[1:]))]),
+                "label": torch.cat([batch["label"], torch.full((pad,), -1, dtype=torch.int64)]),
+                "index": torch.cat([batch["index"], torch.full((pad,), -1, dtype=torch.int64)]),
+                "valid": torch.cat([valid, torch.zeros(pad, dtype=torch.bool)])}
+
+    def _padding(self, host: HostBatch) -> dict[str, torch.Tensor]:
+        """A batch of padding only: its epoch ran out of good samples before its planned batches did."""
+        out = self.graph.output
+        h, w = out.size
+        row = (h, w, out.channels) if out.dtype is Dtype.UINT8 else (out.channels, h, w)
+        dtype = torch.uint8 if out.dtype is Dtype.UINT8 else torch.float32
+        empty = {"image": torch.zeros((0, *row), dtype=dtype, device=self.device),
+                 "label": torch.zeros(0, dtype=torch.int64), "index": torch.zeros(0, dtype=torch.int64)}
+        return self._padded(empty, host.pad)
 
     def _recover(self, exc: RuntimeError) -> None:
-        """DALI invalidates a pipeline that fails to decode. Name the sample at fault; with ``skip``, mark it,
-        push every pending batch's samples back and let a fresh pipeline form them again."""
+        """DALI invalidates a pipeline that fails. Name the sample at fault; with ``skip``, mark it, push every
+        pending batch's samples back and let a fresh pipeline form them again. Where no sample is at fault and
+        DALI's message says the GPU failed (out of memory, nvJPEG, CUDA, a lost device), that error goes on as
+        it is, for the Loader to move to the CPU."""
         failed = next(h for h in self._pending if h.good)
         self._pipe, self._fresh = None, True
-        sample, error = self._decode_failure(failed, exc)
+        gpu_failed = is_gpu_failure(exc)
+        sample, error = self._decode_failure(failed, exc, ask_dali=not gpu_failed)
+        if sample is None and gpu_failed:
+            self._pending.clear()
+            raise exc
         if self.on_error is OnError.RAISE or sample is None:
             self._pending.clear()
             raise error from None
         self._undecodable[sample.index] = error
         self._queue.push_front([s for host in self._pending for s in host.taken])
+        self._fill = self._pending[0].fill_before
         self._pending.clear()
 
     def _images(self, images, host: HostBatch) -> torch.Tensor:
@@ -365,7 +430,8 @@ class ImageRunner:
     def close(self) -> None:
         self._pipe = None
 
-    def _decode_failure(self, host: HostBatch, exc: RuntimeError) -> tuple[Sample | None, DataError]:
+    def _decode_failure(self, host: HostBatch, exc: RuntimeError, ask_dali: bool = True
+                        ) -> tuple[Sample | None, DataError]:
         paths = [self.source.where(s.index) for s in host.good]
         match = _FAILED_SAMPLE.search(str(exc))
         suspects = [int(match.group(1))] if match and int(match.group(1)) < len(paths) else range(len(paths))
@@ -376,7 +442,7 @@ class ImageRunner:
             except Exception as err:
                 return host.good[k], DataError(paths[k], f"image data is corrupt or truncated and cannot be "
                                                          f"decoded ({err})")
-        for k in suspects:  # PIL accepted them all: ask DALI about each file on its own
+        for k in suspects if ask_dali else ():  # PIL accepted them all: ask DALI about each file on its own
             if not _dali_decodes(paths[k]):
                 return host.good[k], DataError(paths[k], "image data is corrupt and the decoder rejects it")
         last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
