@@ -9,7 +9,8 @@ The model, for a candidate (cut, threads), all per sample:
   gpu      = sum of the GPU stages' costs (on an idle GPU) / (1 - trainer's GPU busy fraction)
   transfer = max(bytes to the GPU / h2d bandwidth, bytes back to the host / d2h bandwidth)
              bytes to the GPU: what stages after the cut consume from before it, plus, when batches are
-             delivered on the GPU, the outputs produced before the cut (for the all-CPU cut: the outputs);
+             delivered on the GPU and there is one, the outputs produced before the cut (for the all-CPU cut:
+             the outputs);
              bytes back: the outputs made on the GPU when batches are delivered on the CPU.
   samples/s = 1 / max(cpu, gpu, transfer)
 GPU cuts are infeasible without a GPU, with the GPU >= GPU_SATURATED busy, or when their memory
