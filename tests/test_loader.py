@@ -82,7 +82,7 @@ def test_resume_mid_epoch_gives_the_same_batches(small_train):
     resumed.load_state_dict(state)
     rest = list(resumed)
     assert len(rest) == len(epoch0) - 3
-    for (idx, img), batch in zip(epoch0[3:], rest):
+    for (idx, img), batch in zip(epoch0[3:], rest, strict=True):
         assert torch.equal(idx, batch["index"]) and torch.equal(img, batch["image"])
 
 
@@ -216,7 +216,7 @@ def test_batches_a_trainer_keeps_stay_intact(small_train):
     copies = [(b["index"].clone(), b["image"].clone()) for b in Loader(spec, batch_size=4, seed=1, placement="cpu")]
     kept = list(Loader(spec, batch_size=4, seed=1, placement="cpu"))
     views = [b["image"][0] for b in Loader(spec, batch_size=4, seed=1, placement="cpu")]
-    for (index, image_copy), batch, view in zip(copies, kept, views):
+    for (index, image_copy), batch, view in zip(copies, kept, views, strict=True):
         assert torch.equal(batch["index"], index) and torch.equal(batch["image"], image_copy)
         assert torch.equal(view, image_copy[0])
 
