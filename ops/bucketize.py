@@ -31,7 +31,7 @@ def bucketize(x, boundaries):
         raise ValueError("boundaries must not contain NaN")
     descending = _is_descending(host_bounds.astype(common))
     if xp is np:
-        return np.digitize(x, bounds, right=False).astype(np.int64, copy=False)
+        return np.asarray(np.digitize(x, bounds, right=False), dtype=np.int64)  # 0-d stays an array
     return _bucketize_gpu(xp, x, bounds, common, descending)
 
 

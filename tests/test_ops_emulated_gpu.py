@@ -1,16 +1,17 @@
 """The CuPy code paths of feedline.ops, run without a GPU.
 
-The real kernel files are compiled as plain C++ (each ``__global__`` kernel becomes a host function
-whose grid-stride loop runs with one thread), and a NumPy-backed stand-in for ``cupy`` routes every
-launch there. Each launch's arguments are checked against the kernel's C signature (pointer element
-types, scalar widths, contiguity), which is what CuPy needs and does not check itself; results must
-equal the NumPy paths bit for bit.
+The kernels are compiled as plain C++ from exactly the text NVRTC would get: a NumPy-backed stand-in
+for ``cupy`` runs the real ``_cuda._module``/``launch``, and its ``RawModule(code=...)`` compiles that
+``code`` (``_cuda.kernel_source(file)``, headers inlined) with g++ in a folder holding no headers, so
+a difference between the files and what NVRTC compiles shows up here. Each ``__global__`` kernel
+becomes a host function whose grid-stride loop runs with one thread. Each launch's arguments are
+checked against the kernel's C signature (pointer element types, scalar widths, contiguity), which is
+what CuPy needs and does not check itself; results must equal the NumPy paths bit for bit.
 """
 
 from __future__ import annotations
 
 import ctypes
-import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,8 @@ import pytest
 
 from feedline import ops
 from feedline.ops import _cuda
+
+import cuda_kernels as ck
 
 CXX = shutil.which("g++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="g++ not found")
@@ -88,46 +91,78 @@ class _FakeEvent:
         pass
 
 
+class Launches(list):
+    """Kernel names in launch order; ``kernels`` holds the (file, kernel) pairs."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernels: set[tuple[str, str]] = set()
+
+
+class EmulatedModule:
+    def __init__(self, filename: str, library: ctypes.CDLL, signatures: dict[str, tuple[str, ...]]):
+        self.filename, self.library, self.signatures = filename, library, signatures
+
+
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
-    work = tmp_path_factory.mktemp("emulated")
-    files = sorted(p.name for p in _cuda.KERNEL_DIR.glob("*.cu"))
-    (work / "kernels.cpp").write_text(PRELUDE + "".join(f'#include "{f}"\n' for f in files))
-    flags = [CXX, "-std=c++17", "-I", str(_cuda.KERNEL_DIR)]
-    build = subprocess.run(
-        [*flags, "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-o", str(work / "kernels.so"),
-         str(work / "kernels.cpp")],
-        capture_output=True, text=True,
-    )
-    assert build.returncode == 0, build.stderr
-    expanded = subprocess.run([*flags, "-E", "-P", str(work / "kernels.cpp")],
-                              capture_output=True, text=True, check=True).stdout
-    signatures = {
-        name: [p.strip() for p in params.split(",")]
-        for name, params in re.findall(r'extern "C"\s+void\s+(fl_\w+)\s*\(([^)]*)\)', expanded)
-    }
-    return ctypes.CDLL(str(work / "kernels.so")), signatures
+    """``{kernel_source(file): EmulatedModule}``, built from the inlined text of each .cu file."""
+    work = tmp_path_factory.mktemp("emulated")  # holds no headers: an #include left in fails
+    builds = {}
+    for filename in ck.CU_FILES:
+        text = _cuda.kernel_source(filename)
+        source = work / f"{filename}.cpp"
+        source.write_text(PRELUDE + text, encoding="utf-8")
+        library = work / f"{filename}.so"
+        command = [CXX, "-std=c++17", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-o", str(library),
+                   str(source)]
+        builds[filename] = (text, library, subprocess.Popen(
+            command, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    modules = {}
+    for filename, (text, library, process) in builds.items():
+        log, _ = process.communicate()
+        assert process.returncode == 0, f"{filename}:\n{log}"
+        signatures = {k: tuple(v) for k, v in ck.kernel_signatures(text).items()}  # what was built
+        assert signatures, f"{filename}: no kernels"
+        modules[text] = EmulatedModule(filename, ctypes.CDLL(str(library)), signatures)
+    return modules
 
 
 @pytest.fixture
 def gpu(kernels, monkeypatch):
-    library, signatures = kernels
-    launched = []
+    launched = Launches()
 
-    class Module:
+    class RawModule:
+        """cupy.RawModule: gets what _cuda._module hands NVRTC."""
+
+        def __init__(self, code, options=(), **unused):
+            assert tuple(options) == _cuda.NVRTC_OPTIONS, options
+            assert "--fmad=false" in options, "without it NVRTC contracts a*b+c into fma: other bits"
+            assert code in kernels, "NVRTC would compile text that is not kernel_source() of any .cu file"
+            self.module = kernels[code]
+
         def get_function(self, name):
+            module = self.module
+            assert name in module.signatures, f"{name} is not a kernel of {module.filename}"
+
             def run(grid, block, args):
-                params = signatures[name]
+                assert len(grid) == 1 and 1 <= grid[0] <= _cuda.MAX_GRID, grid
+                assert block == (_cuda.BLOCK,) and _cuda.BLOCK <= 1024, block
+                params = module.signatures[name]
                 assert len(args) == len(params), f"{name}: {len(args)} args for {params}"
                 converted = [_convert(name, p, a) for p, a in zip(params, args)]
-                getattr(library, name)(*converted)
+                getattr(module.library, name)(*converted)
                 launched.append(name)
+                launched.kernels.add((module.filename, name))
 
             return run
 
-    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
-    monkeypatch.setattr(_cuda, "_module", lambda filename: Module())
-    return launched
+    fake = _fake_cupy()
+    fake.RawModule = RawModule
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    _cuda._module.cache_clear()  # the real _module runs, against the fake cupy
+    yield launched
+    _cuda._module.cache_clear()  # no emulated module may outlive the test
 
 
 def _convert(kernel: str, param: str, arg):
@@ -204,6 +239,17 @@ def test_bucketize_compares_in_numpy_result_type(gpu):
         same_bits(ops.bucketize(dev(x), dev(bounds)), np.digitize(x, bounds).astype(np.int64))
 
 
+def test_bucketize_rejects_bad_boundaries(gpu):
+    x = dev(np.float32([1.0, 2.0]))
+    for bounds in (np.float64([1.0, np.nan]), np.float32([np.nan]), np.float64([0.0, np.nan, 1.0])):
+        with pytest.raises(ValueError, match="NaN"):
+            ops.bucketize(x, dev(bounds))
+    for bounds in (np.float64([1.0, 3.0, 2.0]), np.float32([3.0, 1.0, 2.0]), np.int64([0, 2, 1])):
+        with pytest.raises(ValueError, match="monotonically"):
+            ops.bucketize(x, dev(bounds))
+    assert gpu == []
+
+
 def test_subnormals(gpu):
     tiny = np.array([-1e-40, -1e-45, 0.0, 1e-45, 1e-41, 1e-40, 1e-38], dtype=np.float32)
     x = np.concatenate([tiny, -tiny, np.float32([np.nan])])
@@ -258,3 +304,33 @@ def test_multi_hot_strings(gpu):
 def test_mixed_kinds_are_rejected(gpu):
     with pytest.raises(TypeError, match=r"NumPy or all CuPy; got CuPy for \[.a.\]"):
         ops.cross(dev(np.arange(3)), np.arange(3), 10)
+
+
+def test_every_kernel_is_launched_by_some_input(gpu):
+    """Across the dtypes each op takes, the launches reach every kernel NVRTC sees in every .cu file."""
+    for dtype in (np.int32, np.uint32, np.int64, np.uint64):
+        keys = np.arange(-20, 20).astype(dtype)
+        same_bits(ops.murmur3_32(dev(keys), 1), ops.murmur3_32(keys, 1))
+        same_bits(ops.hash_buckets(dev(keys), 13, 1), ops.hash_buckets(keys, 13, 1))
+    words = ops.Strings.from_pylist(["", "a", "abcde"])
+    device_words = ops.Strings(dev(words.offsets), dev(words.data))
+    same_bits(ops.murmur3_32(device_words, 2), ops.murmur3_32(words, 2))
+    same_bits(ops.hash_buckets(device_words, 13, 2), ops.hash_buckets(words, 13, 2))
+    a, b = np.arange(-5, 5, dtype=np.int64), np.arange(10, dtype=np.int64)
+    same_bits(ops.cross(dev(a), dev(b), 11, 3), ops.cross(a, b, 11, 3))
+    for x_dtype, b_dtype in ((np.float32, np.float32), (np.float32, np.float64), (np.float64, np.float32),
+                             (np.float64, np.float64), (np.int64, np.int64), (np.uint64, np.uint64)):
+        x = np.array([0, 1, 2, 3, 7], dtype=x_dtype)
+        bounds = np.array([1, 3], dtype=b_dtype)
+        same_bits(ops.bucketize(dev(x), dev(bounds)), ops.bucketize(x, bounds))
+    for dtype in (np.float32, np.float64):
+        x = np.array([np.nan, -1.0, 0.5, 100.0], dtype=dtype)
+        same_bits(ops.normalize_dense(dev(x)), ops.normalize_dense(x))
+    offsets = np.array([0, 2, 5], dtype=np.int64)
+    for dtype in (np.int32, np.int64):
+        values = np.arange(5, dtype=dtype)
+        same_bits(ops.multi_hot(dev(offsets), dev(values), 7).values, ops.multi_hot(offsets, values, 7).values)
+
+    defined = {(filename, kernel) for filename in ck.CU_FILES for kernel in ck.file_kernels(filename)}
+    assert gpu.kernels == defined, {"never launched": sorted(defined - gpu.kernels),
+                                    "not defined": sorted(gpu.kernels - defined)}
