@@ -111,10 +111,18 @@ class BackgroundStream:
         """Finished batches waiting to be taken."""
         return self._queue.qsize()
 
-    def close(self) -> None:
-        """Stop the thread (what it made but nobody took is dropped) and wait for it to finish."""
+    def close(self, wait: bool = True) -> None:
+        """Stop the thread (what it made but nobody took is dropped) and, with ``wait``, join it. A finaliser
+        must not wait: the garbage collector may run it on a thread the stream's thread is itself waiting for
+        (a worker of the runner's pool), and the two would wait on each other."""
         self._stop.set()
         self._done = True
+        if not wait:
+            try:
+                while True:
+                    self._queue.get_nowait()  # unblock a put at once; the thread then ends on its own
+            except queue.Empty:
+                return
         started = time.monotonic()
         while self._thread.is_alive():
             try:
@@ -133,7 +141,7 @@ class BackgroundStream:
 
     def __del__(self):
         try:
-            self.close()
+            self.close(wait=False)
         except Exception:
             pass
 
