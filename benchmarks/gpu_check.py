@@ -52,6 +52,7 @@ def scheduler_section(rows: int = 200_000, batch_size: int = 8192) -> dict:
     from feedline.loader.placement.auto import AutoPlacement
     from feedline.loader.runners import RunnerConfig, make_runner
     from feedline.loader.sources import open_source
+    from feedline.loader.stream_order import StreamOrder
     from feedline.pipelines.criteo import criteo
 
     from feedline.loader.devices import available_cores
@@ -64,7 +65,11 @@ def scheduler_section(rows: int = 200_000, batch_size: int = 8192) -> dict:
         spec = criteo(path)
         source = open_source(spec.source)
         config = RunnerConfig(spec.all_cpu, device, batch_size, num_threads=cores)
-        auto = AutoPlacement(spec, config, lambda c: make_runner(spec, source, c), len(source), cores)
+
+        def order(size: int, seed: int):
+            return StreamOrder(source.chunk_rows, source.chunk_groups, min(size, len(source)), seed=seed)
+
+        auto = AutoPlacement(spec, config, lambda c: make_runner(spec, source, c), order, cores)
         auto.start()
         report = auto.report()
     return {"pipeline": "criteo", "rows": rows, "batch_size": batch_size, "device": str(device),

@@ -13,6 +13,7 @@ from ..loader import Loader
 from ..loader.devices import available_cores
 from ..loader.epochs import endless
 from ..pipelines import image
+from ..pipelines.image_sources import WebDataset
 from . import image_baselines
 from .trainer import alternate, check_trainer_step, counted, cuda_sync, median_rate, resolve_step_s, trainer_summary
 
@@ -103,7 +104,7 @@ def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "c
     if loaded is not None:
         result.update(trainer_summary(capacity, loaded, step_s, auto=step == "auto",
                                       baseline="baseline" if baseline else None))
-    if bound:
+    if bound and not isinstance(spec.source, WebDataset):  # the decode bound decodes files by path
         files = list(feedline.source.paths[: max(batch_size * batches, 512)])
         decode = image_baselines.decode_bound(files, workers=cores)
         result["bound_samples_per_s"] = decode["bound_samples_per_s"]

@@ -42,9 +42,17 @@ def _trainer_step(text: str) -> float | str:
 
 
 def _existing_path(text: str) -> str:
-    if not Path(text).exists():
-        raise argparse.ArgumentTypeError(f"{text!r} does not exist")
-    return text
+    """An existing path, or webdataset shards named by a pattern (braces or glob characters) that match."""
+    if Path(text).exists():
+        return text
+    from ..pipelines.shard_patterns import has_braces, has_glob, shard_paths
+    if has_braces(text) or has_glob(text):
+        try:
+            shard_paths(text)
+        except (FileNotFoundError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} does not exist")
 
 
 def _json_path(text: str) -> str:
@@ -61,11 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     make = sub.add_parser("make-data", help="write a synthetic dataset")
     kinds = make.add_subparsers(dest="kind", required=True)
-    images = kinds.add_parser("images", help="photo-like JPEGs (plus a few grayscale and PNG) in ImageFolder layout")
+    images = kinds.add_parser("images", help="photo-like JPEGs (plus a few grayscale and PNG) in ImageFolder layout "
+                                             "or webdataset shards")
     images.add_argument("--out", required=True, help="output directory (new, or empty)")
     images.add_argument("--count", type=_positive_int, default=2000)
     images.add_argument("--classes", type=_positive_int, default=10)
     images.add_argument("--seed", type=_non_negative_int, default=0)
+    images.add_argument("--format", choices=("folder", "webdataset"), default="folder",
+                        help="an ImageFolder tree, or webdataset tar shards DIR/train-000000.tar, ... (default folder)")
+    images.add_argument("--shard-size", type=_positive_int, default=None,
+                        help="samples per shard with --format webdataset (default 1000)")
     criteo = kinds.add_parser("criteo", help="rows with Criteo-like statistics")
     criteo.add_argument("--out", required=True, help="output file (.tsv, .tsv.gz or .parquet)")
     criteo.add_argument("--rows", type=_positive_int, default=1_000_000)
@@ -76,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     what = bench.add_mutually_exclusive_group(required=True)
     what.add_argument("--pipeline", choices=PIPELINES)
     what.add_argument("--op", choices=("hash",), help="benchmark one op against memory-copy bandwidth")
-    bench.add_argument("--data", type=_existing_path, help="dataset directory or file")
+    bench.add_argument("--data", type=_existing_path, help="dataset directory or file, or a shard pattern")
     bench.add_argument("--placement", default="cpu", choices=("cpu", "gpu", "auto"))
     bench.add_argument("--batch-size", type=_positive_int, default=None)
     bench.add_argument("--batches", type=_positive_int, default=None, help="timed batches after the warm-up")
@@ -92,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = sub.add_parser("plan", help="profile a pipeline and show where each stage runs, and why")
     plan.add_argument("--pipeline", choices=PIPELINES, required=True)
-    plan.add_argument("--data", type=_existing_path, required=True, help="dataset directory or file")
+    plan.add_argument("--data", type=_existing_path, required=True,
+                      help="dataset directory or file, or a shard pattern")
     plan.add_argument("--batch-size", type=_positive_int, default=None)
     plan.add_argument("--batches", type=_positive_int, default=None, help="batches timed for the measured rate")
     plan.add_argument("--output", choices=("float", "uint8"), default="float", help="image output format")
@@ -106,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     try:
         if args.command == "make-data":
+            if args.kind == "images" and args.shard_size is not None and args.format != "webdataset":
+                parser.error("--shard-size applies to --format webdataset")
             result = _make_data(args)
         elif args.command == "plan":
             result = _plan(args)
@@ -127,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _make_data(args) -> dict:
     if args.kind == "images":
-        from ..benchmarks.data.images import make_images
-        return make_images(args.out, count=args.count, classes=args.classes, seed=args.seed)
+        from ..benchmarks.data.images import DEFAULT_SHARD_SIZE, make_images
+        return make_images(args.out, count=args.count, classes=args.classes, seed=args.seed, format=args.format,
+                           shard_size=args.shard_size or DEFAULT_SHARD_SIZE)
     from ..benchmarks.data.criteo import make_criteo
     return make_criteo(args.out, rows=args.rows, seed=args.seed, format=args.format)
 

@@ -20,10 +20,13 @@ from .placement import resolve
 from .placement.auto import AutoPlacement
 from .runners import Runner, RunnerConfig, make_runner
 from .sampler import STATE_VERSION, EpochSampler, LastBatch, parse_last_batch
-from .sources import open_source
+from ..pipelines.tabular import TabularFiles
+from .sources import ChunkedTable, open_source
+from .stream_order import DEFAULT_BUFFER_ROWS, StreamOrder
 from .sources.image_headers import DEFAULT_MAX_PIXELS
 
 log = logging.getLogger("feedline")
+CACHE_SLACK_ROWS = 1 << 16  # parsed rows kept beyond two shuffle buffer-fulls: chunks straddling their edges
 
 
 def _distributed_rank_world() -> tuple[int, int]:
@@ -44,7 +47,8 @@ class Loader:
                  device: str | torch.device | None = None, shuffle: bool = True, seed: int = 0,
                  last_batch: LastBatch | str = LastBatch.PARTIAL, rank: int | None = None,
                  world_size: int | None = None, num_threads: int | None = None, prefetch: int = 2,
-                 on_error: OnError | str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS):
+                 on_error: OnError | str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS,
+                 shuffle_buffer: int | None = None):
         if not isinstance(pipeline, PipelineSpec):
             raise TypeError(f"pipeline must be a feedline pipeline definition (e.g. feedline.pipelines.image.train"
                             f"(...)), got {type(pipeline).__name__}")
@@ -71,12 +75,20 @@ class Loader:
                                      f"placement='cpu'")
             cut = pipeline.all_cpu  # the trainer wants CPU tensors: keep the whole pipeline there
         self.device = torch.device("cuda") if device is None and cut < pipeline.all_cpu else requested_device
-        self.source = open_source(pipeline.source)
-        self.sampler = EpochSampler(len(self.source), batch_size, shuffle=shuffle, seed=seed, rank=rank,
-                                    world_size=world_size, last_batch=parse_last_batch(last_batch))
+        streamed = isinstance(pipeline.source, TabularFiles)
+        if shuffle_buffer is not None and not streamed:
+            raise ValueError("shuffle_buffer applies to tabular sources, which are streamed; image samples are "
+                             "shuffled by an exact permutation")
+        if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, (int, type(None))) \
+                or (shuffle_buffer is not None and shuffle_buffer < 1):
+            raise ValueError(f"shuffle_buffer must be a positive number of rows, got {shuffle_buffer!r}")
+        self.shuffle_buffer = (shuffle_buffer or DEFAULT_BUFFER_ROWS) if streamed else None
+        self.source = open_source(pipeline.source, cache_rows=2 * (self.shuffle_buffer or 0) + CACHE_SLACK_ROWS)
+        self.sampler = self._order(batch_size, seed, shuffle=shuffle, rank=rank, world_size=world_size,
+                                   last_batch=parse_last_batch(last_batch))
         self.config = RunnerConfig(cut, self.device, self.sampler.batch_size, self.sampler.seed, num_threads,
                                    prefetch, self.on_error, max_pixels)
-        self._auto = AutoPlacement(pipeline, self.config, self._runner_for, len(self.source), num_threads) \
+        self._auto = AutoPlacement(pipeline, self.config, self._runner_for, self._probe_order, num_threads) \
             if placement == "auto" else None
         self._runner: Runner = self._runner_for(self.config)
         self._earlier_skips: list[Skipped] = []  # listed by runners this Loader has since replaced
@@ -102,6 +114,18 @@ class Loader:
 
     def _runner_for(self, config: RunnerConfig) -> Runner:
         return make_runner(self.pipeline, self.source, config)
+
+    def _order(self, batch_size: int, seed: int, **kwargs):
+        """The order of this Loader's source: an exact permutation of samples, or, for a streamed table,
+        chunks and a shuffle buffer (``stream_order``)."""
+        if isinstance(self.source, ChunkedTable):
+            return StreamOrder(self.source.chunk_rows, self.source.chunk_groups, batch_size, seed=seed,
+                               buffer_rows=self.shuffle_buffer, **kwargs)
+        return EpochSampler(len(self.source), batch_size, seed=seed, **kwargs)
+
+    def _probe_order(self, batch_size: int, seed: int):
+        """A one-rank shuffled order for profiling and probing placements, apart from the trainer's epochs."""
+        return self._order(min(batch_size, len(self.source)), seed, shuffle=True)
 
     @property
     def cut(self) -> int:
@@ -245,10 +269,11 @@ class Loader:
         """Where the loader stands: loading it into a Loader of the same configuration resumes at the next batch."""
         s = self.sampler
         return {"version": STATE_VERSION, **self.cursor.state(),
+                "skipped": [[k.where, k.reason, k.index, k.epoch] for k in self.skipped],
                 "config": {"num_samples": s.num_samples, "batch_size": s.batch_size, "seed": s.seed,
                            "shuffle": s.shuffle, "rank": s.rank, "world_size": s.world_size,
                            "last_batch": s.last_batch.value, "pipeline": self.pipeline.name,
-                           "on_error": self.on_error.value}}
+                           "on_error": self.on_error.value, "shuffle_buffer": self.shuffle_buffer}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
@@ -262,6 +287,11 @@ class Loader:
                              + ", ".join(f"{k}: {a!r} vs {b!r}" for k, (a, b) in differ.items()))
         self.cursor.load(state, self.sampler.shard_size)
         self._close_stream()
+        try:
+            earlier = [Skipped(*entry) for entry in state.get("skipped", [])]
+        except TypeError:
+            raise ValueError("state has an invalid 'skipped' list") from None
+        self._earlier_skips = earlier + [k for k in self._earlier_skips if k not in earlier]
 
     def close(self) -> None:
         self._close_stream()
@@ -269,6 +299,7 @@ class Loader:
 
     def __del__(self):
         try:
-            self._close_stream()
+            if self._stream is not None:
+                self._stream.close(wait=False)  # see BackgroundStream.close
         except Exception:
             pass

@@ -35,13 +35,13 @@ from .imaging.random_resized_crop import RandomResizedCrop
 from .imaging.resize import Resize
 from .imaging.rotate import Rotate
 from .imaging.types import Dtype, ImageType
-from .image_sources import FileList, ImageFolder, ImageSource, image_source
+from .image_sources import FileList, ImageFolder, ImageSource, WebDataset, image_source
 from .spec import PipelineSpec
 from .stage import CPU_ONLY, PlainStage
 
 __all__ = ["pipeline", "train", "val", "decode", "random_resized_crop", "resize", "center_crop",
            "horizontal_flip", "vertical_flip", "color_jitter", "grayscale", "rotate", "normalize", "custom",
-           "ImageOutput", "Normalization", "ImageFolder", "FileList", "IMAGENET_MEAN", "IMAGENET_STD"]
+           "ImageOutput", "Normalization", "ImageFolder", "FileList", "WebDataset", "IMAGENET_MEAN", "IMAGENET_STD"]
 
 OUTPUTS = ("image", "label")
 class ReadImages(PlainStage):

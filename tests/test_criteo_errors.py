@@ -8,11 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from feedline.loader import DataError
+from feedline.loader import DataError, Loader
 from feedline.loader.sources import open_source
-from runners import batches as run_plans
-from runners import feature_runner
-from feedline.loader.sampler import EpochSampler
 from feedline.loader.sources.tabular import MissingFileError, RowError
 from feedline.pipelines.criteo import CATEGORICAL_NAMES, DENSE_NAMES, criteo
 
@@ -55,23 +52,28 @@ def mixed_file(path):
     return path
 
 
-def epoch_by_index(spec):
-    runner = feature_runner(spec)
-    batches = run_plans(runner, EpochSampler(runner.num_samples, 3, shuffle=True, seed=2).epoch(0))
-    order = np.argsort(torch.cat([b["index"] for b in batches]).numpy())
-    dense = torch.cat([b["dense"] for b in batches])[order]
-    ids = torch.cat([b["sparse"]["values"].reshape(26, -1).T for b in batches])[order]
-    return runner, dense, ids
+def epoch_by_index(spec, **kwargs):
+    """One shuffled epoch of a Loader: (loader, dense and ids of the valid rows, by row index)."""
+    loader = Loader(spec, batch_size=3, placement="cpu", seed=2, **kwargs)
+    batches = list(loader)
+    valid = torch.cat([b.get("valid", torch.ones(len(b["index"]), dtype=torch.bool)) for b in batches])
+    index = torch.cat([b["index"] for b in batches])[valid]
+    order = np.argsort(index.numpy())
+    dense = torch.cat([b["dense"] for b in batches])[valid][order]
+    ids = torch.cat([b["sparse"]["values"].reshape(26, -1).T for b in batches])[valid][order]
+    return loader, index[order], dense, ids
 
 
 @pytest.mark.parametrize("number", sorted(BAD_LINES))
 def test_each_bad_line_raises_naming_file_and_line(tmp_path, number):
+    """Rows are checked when their part of the file is read: the batch holding the bad line raises."""
     path = tmp_path / "day.tsv"
     text, reason = BAD_LINES[number]
     path.write_text("\n".join([GOOD[0], text, GOOD[1]]) + "\n")
-    spec = criteo(path)
+    loader = Loader(criteo(path), batch_size=1, placement="cpu", shuffle=False)
+    assert len(loader) == 3  # every line counts; the bad one is found when read
     with pytest.raises(DataError) as info:
-        feature_runner(spec)
+        list(loader)
     assert isinstance(info.value, ValueError) and isinstance(info.value, RowError)
     assert (info.value.file, info.value.line) == (str(path), 2)
     assert str(info.value) == f"{path}:2: {reason}"
@@ -79,20 +81,23 @@ def test_each_bad_line_raises_naming_file_and_line(tmp_path, number):
 
 def test_skip_leaves_out_bad_rows_and_lists_them(tmp_path):
     spec = criteo(mixed_file(tmp_path / "day.tsv"), on_error="skip")
-    runner, dense, ids = epoch_by_index(spec)
-    assert runner.num_samples == len(GOOD)
-    assert [s.where for s in runner.skipped] == [f"{tmp_path / 'day.tsv'}:{n}" for n in sorted(BAD_LINES)]
-    assert [s.reason for s in runner.skipped] == [BAD_LINES[n][1] for n in sorted(BAD_LINES)]
+    loader, index, dense, ids = epoch_by_index(spec)
+    assert len(loader.source) == len(GOOD) + len(BAD_LINES)  # a row's index is its line: bad lines count
+    good_lines = [n for n in range(1, len(GOOD) + len(BAD_LINES) + 1) if n not in BAD_LINES]
+    assert index.tolist() == [n - 1 for n in good_lines]
+    assert sorted(s.where for s in loader.skipped) == sorted(f"{tmp_path / 'day.tsv'}:{n}" for n in BAD_LINES)
+    assert {s.where: s.reason for s in loader.skipped} == {f"{tmp_path / 'day.tsv'}:{n}": BAD_LINES[n][1]
+                                                           for n in BAD_LINES}
     clean = tmp_path / "clean.tsv"
     clean.write_text("\n".join(GOOD) + "\n")
-    _, clean_dense, clean_ids = epoch_by_index(criteo(clean))
+    _, _, clean_dense, clean_ids = epoch_by_index(criteo(clean))
     assert torch.equal(dense, clean_dense) and torch.equal(ids, clean_ids)
 
 
-def test_raise_reports_the_first_bad_line(tmp_path):
+def test_raise_reports_the_first_bad_line_in_file_order(tmp_path):
     path = mixed_file(tmp_path / "day.tsv")
     with pytest.raises(RowError, match=f"^{path}:2: expected 40"):
-        open_source(criteo(path).source)
+        list(Loader(criteo(path), batch_size=4, placement="cpu", shuffle=False))
 
 
 def test_gzip_errors_name_the_gzip_file(tmp_path):
@@ -100,7 +105,13 @@ def test_gzip_errors_name_the_gzip_file(tmp_path):
     with gzip.open(path, "wt") as f:
         f.write("\n".join([GOOD[0], GOOD[1], BAD_LINES[4][0]]))
     with pytest.raises(RowError, match=f"^{path}:3: column C5"):
-        open_source(criteo(path).source)
+        list(Loader(criteo(path), batch_size=2, placement="cpu"))
+    truncated = tmp_path / "cut.tsv.gz"
+    with gzip.open(truncated, "wt") as f:
+        f.write("\n".join(GOOD * 200))
+    truncated.write_bytes(truncated.read_bytes()[:-40])
+    with pytest.raises(RowError, match=f"^{truncated}: is not a readable gzip file"):
+        open_source(criteo(truncated).source)
 
 
 def test_edge_values_that_are_valid(tmp_path):
@@ -109,8 +120,7 @@ def test_edge_values_that_are_valid(tmp_path):
     fields[1:4] = ["9223372036854775807", "-9223372036854775807", "0000000000000000000000012"]
     fields[14:17] = ["7fffffffffffffff", "00000000000000000000ff", "ABCDEF"]
     path.write_text(line(fields) + "\n")
-    reader = open_source(criteo(path).source)
-    columns = reader.read(np.array([0]))
+    columns = open_source(criteo(path).source).read(np.array([0])).columns
     assert [int(columns[n].values[0]) for n in ("I1", "I2", "I3")] == [2**63 - 1, -(2**63 - 1), 12]
     assert [int(columns[n].values[0]) for n in ("C1", "C2", "C3")] == [2**63 - 1, 255, 0xABCDEF]
 
@@ -122,11 +132,10 @@ def test_empty_file(tmp_path):
         open_source(criteo(empty).source)
     good = tmp_path / "good.tsv"
     good.write_text("\n".join(GOOD))
-    spec = criteo([empty, good], on_error="skip")
-    runner = feature_runner(spec)
-    assert runner.num_samples == len(GOOD)
-    assert [(s.where, s.reason) for s in runner.skipped] == [(str(empty), "file is empty")]
-    with pytest.raises(RowError, match="no good rows"):
+    source = open_source(criteo([empty, good], on_error="skip").source)
+    assert source.num_rows == len(GOOD)
+    assert [(s.where, s.reason) for s in source.skipped] == [(str(empty), "file is empty")]
+    with pytest.raises(RowError, match="no rows"):
         open_source(criteo(empty, on_error="skip").source)
 
 
@@ -138,6 +147,12 @@ def test_missing_file(tmp_path):
         assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, DataError)
     with pytest.raises(FileNotFoundError):
         open_source(criteo(tmp_path / "nowhere.parquet").source)
+    good = tmp_path / "good.tsv"
+    good.write_text("\n".join(GOOD))
+    with pytest.raises(MissingFileError, match="day_1.tsv: file does not exist"):
+        open_source(criteo([good, tmp_path / "day_1.tsv"]).source)
+    with pytest.raises(MissingFileError, match=r"day_\*.tsv: no file matches this pattern"):
+        open_source(criteo(str(tmp_path / "day_*.tsv")).source)
 
 
 def test_on_error_is_checked():
@@ -158,15 +173,15 @@ def test_parquet_bad_rows_name_the_row(tmp_path):
     path = parquet_file(tmp_path / "day.parquet", C7=pa.array(["a1", "b2", "zz", "d4", "e5"]),
                         I2=pa.array([1.0, float("inf"), 3.0, 4.0, 5.0]), label=pa.array([0, 1, 0, None, 0]))
     with pytest.raises(RowError, match=f"^{path}:2: column I2: inf is not an integer"):
-        open_source(criteo(path).source)
-    spec = criteo(path, on_error="skip")
-    reader = open_source(spec.source)
-    assert reader.num_rows == 2
-    assert [(int(s.where.rsplit(':', 1)[1]), s.reason) for s in reader.skipped] == [
+        list(Loader(criteo(path), batch_size=5, placement="cpu", shuffle=False))
+    loader, index, _, ids = epoch_by_index(criteo(path, on_error="skip"))
+    assert len(loader.source) == 5 and index.tolist() == [0, 4]
+    assert sorted((int(s.where.rsplit(':', 1)[1]), s.reason) for s in loader.skipped) == [
         (2, "column I2: inf is not an integer within int64 range"),
         (3, "column C7: 'zz' is not a hexadecimal integer"),
         (4, "column label: is empty, and a value is required")]
-    assert reader.read(np.array([0, 1]))["C1"].values.tolist() == [0xA1, 0xE5]
+    columns = loader.source.read(np.array([0, 4])).columns
+    assert columns["C1"].values.tolist() == [0xA1, 0xE5]
 
 
 def test_parquet_missing_column_and_wrong_type(tmp_path):
@@ -176,7 +191,7 @@ def test_parquet_missing_column_and_wrong_type(tmp_path):
         open_source(criteo(tmp_path / "partial.parquet").source)
     path = parquet_file(tmp_path / "typed.parquet", C1=pa.array([1.5, 2.0, 3.0, 4.0, 5.0]))
     with pytest.raises(RowError, match="column C1 has type double, expected hex strings or integers"):
-        open_source(criteo(path).source)
+        list(Loader(criteo(path), batch_size=5, placement="cpu"))
     (tmp_path / "junk.parquet").write_text("not parquet")
     with pytest.raises(RowError, match="junk.parquet: is not a readable Parquet file"):
         open_source(criteo(tmp_path / "junk.parquet").source)

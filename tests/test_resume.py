@@ -33,14 +33,20 @@ def criteo_with_bad_rows(tmp_path_factory):
 @pytest.mark.parametrize("policy", ["partial", "pad", "drop"])
 def test_criteo_resumes_exactly_with_skipped_rows(criteo_with_bad_rows, policy, world_size):
     spec = criteo(criteo_with_bad_rows, table_sizes=1000, on_error="skip")
+    seen = []
     for rank in range(world_size):
         def make():
             return Loader(spec, batch_size=16, placement="cpu", seed=7, last_batch=policy, rank=rank,
                           world_size=world_size, num_threads=1)
         reference = check_save_restore(make)
         loader = make()
-        assert [s.where for s in loader.skipped] == [f"{criteo_with_bad_rows}:{n}" for n in (5, 77, 150)]
         assert len(reference) == 2 * len(loader)
+        seen += [s.where for s in (list(loader) and loader.skipped)]
+    # Each bad row is met, and listed, on the rank whose rows hold it (drop leaves some rows out; with pad a
+    # bad row can also be another rank's padding repeat, and is listed there too).
+    expected = {f"{criteo_with_bad_rows}:{n}" for n in (5, 77, 150)}
+    assert policy == "pad" or len(seen) == len(set(seen))
+    assert set(seen) == expected if policy != "drop" else set(seen) <= expected
 
 
 def test_parquet_and_a_generic_schema_resume_exactly(tmp_path):
@@ -57,14 +63,19 @@ def test_parquet_and_a_generic_schema_resume_exactly(tmp_path):
 
 
 def test_a_resumed_loader_lists_the_same_skips(criteo_with_bad_rows):
+    """The state carries what was skipped before it, so the resumed run lists every skip of the epoch."""
     spec = criteo(criteo_with_bad_rows, on_error="skip")
-    first = Loader(spec, batch_size=16, placement="cpu")
+    whole = Loader(spec, batch_size=16, placement="cpu", shuffle=False)
+    list(whole)
+    first = Loader(spec, batch_size=16, placement="cpu", shuffle=False)
     it = iter(first)
-    next(it)
-    second = Loader(spec, batch_size=16, placement="cpu")
+    for _ in range(7):  # past line 77, before line 150 (which the loader may have read ahead already)
+        next(it)
+    assert [s.where.rsplit(":", 1)[1] for s in first.skipped][:2] == ["5", "77"]
+    second = Loader(spec, batch_size=16, placement="cpu", shuffle=False)
     second.load_state_dict(first.state_dict())
     list(second)
-    assert second.skipped == first.skipped and len(second.skipped) == 3
+    assert second.skipped == whole.skipped and len(second.skipped) == 3
 
 
 @pytest.mark.parametrize("policy", ["partial", "pad", "drop"])

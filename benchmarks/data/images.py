@@ -1,4 +1,4 @@
-"""Synthetic ImageFolder data set whose files decode like real photos.
+"""Synthetic image data set whose files decode like real photos, as an ImageFolder or as webdataset tar shards.
 
 Each image is a smooth two-colour gradient, low-frequency colour blotches, a few soft-edged
 ellipses and polygons in its class's palette, and a 1/f ("pink") luminance texture with a little
@@ -8,6 +8,11 @@ rather than flat colour or white noise. Everything derives from
 ``np.random.default_rng([seed, ...])`` and fixed encoder settings, so the same seed gives
 byte-identical files whatever the number of worker processes (on one NumPy, Pillow and
 libjpeg-turbo build: their float rounding and encoders decide the last bits).
+
+``format="webdataset"`` writes the same images, in the order an ImageFolder of them lists them (class by class,
+then by name), as tar shards ``train-000000.tar``, ... of ``shard_size`` samples each: ``img_XXXXXX.jpg`` (or
+``.png``) and ``img_XXXXXX.cls`` holding the class number, written with ``webdataset.ShardWriter`` and a fixed
+member time, so the same seed gives the same shard bytes too.
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ from tqdm import tqdm
 
 MARKER = ".feedline-data"
 MARKER_VERSION = 1
+FORMATS = ("folder", "webdataset")
+SHARD_PREFIX = "train"
+SHARD_DIGITS = 6
+DEFAULT_SHARD_SIZE = 1000
+SHARD_MTIME = 946684800  # members' modification time (2000-01-01), fixed so that shards are reproducible
 MIN_SIDE, MAX_SIDE = 300, 800
 TARGET_KB = (55.0, 140.0)
 JPEG_QUALITY = 94
@@ -64,13 +74,17 @@ def make_images(
     progress: bool = True,
     *,
     workers: int | None = None,
+    format: str = "folder",
+    shard_size: int = DEFAULT_SHARD_SIZE,
 ) -> dict:
-    """Write ``count`` images into ``out/class_XXX/img_XXXXXX.{jpg,png}`` and a marker file.
+    """Write ``count`` images into ``out/class_XXX/img_XXXXXX.{jpg,png}`` (``format="folder"``) or into tar
+    shards ``out/train-000000.tar``, ... of ``shard_size`` samples (``format="webdataset"``), and a marker file.
 
     ``out`` must be absent, empty, or a previous output of this function (it has the marker file),
     whose generated files are then replaced. Returns a summary: count, classes, seed, bytes,
     mean_kb, jpeg_kb (min/median/mean/max over colour JPEGs), min_side, max_side, grayscale, png,
-    seconds.
+    seconds, format, out; for shards also shards, shard_size and pattern (the brace pattern naming them all,
+    to pass to ``image.train``).
     """
     _check_int("count", count, minimum=1)
     _check_int("classes", classes, minimum=1)
@@ -80,28 +94,29 @@ def make_images(
     if workers is None:
         workers = os.cpu_count() or 1
     _check_int("workers", workers, minimum=1)
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(map(repr, FORMATS))}, got {format!r}")
+    _check_int("shard_size", shard_size, minimum=1)
+    if format == "webdataset":
+        _shard_writer()  # fail before any work when webdataset is missing
     out = Path(out)
     _prepare_output(out)
 
     started = time.perf_counter()
     tasks = _plan(out, count, classes, seed)
-    for class_dir in sorted({t.class_dir for t in tasks}):
-        (out / class_dir).mkdir(parents=True, exist_ok=True)
-
-    results = []
-    with tqdm(total=count, desc="images", unit="img", disable=not progress) as bar:
-        if workers == 1 or count < 2 * workers:
-            for task in tasks:
-                results.append(_write_image(task))
-                bar.update()
-        else:
-            # spawn: the caller may hold threads (torch, DALI) that make fork unsafe.
-            with multiprocessing.get_context("spawn").Pool(workers) as pool:
-                for result in pool.imap_unordered(_write_image, tasks, chunksize=8):
-                    results.append(result)
-                    bar.update()
+    if format == "folder":
+        for class_dir in sorted({t.class_dir for t in tasks}):
+            (out / class_dir).mkdir(parents=True, exist_ok=True)
+        results = list(_generate(tasks, _write_image, workers, progress, ordered=False))
+        extra = {}
+    else:
+        # An ImageFolder of the same images lists them class by class, then by name: the shards keep that order.
+        tasks.sort(key=lambda t: (t.class_dir, t.name))
+        results, extra = _write_shards(out, tasks, shard_size, _generate(tasks, _render_image, workers, progress,
+                                                                            ordered=True))
 
     summary = _summarise(results, count, classes, seed, time.perf_counter() - started)
+    summary.update({"format": format, "out": str(out), **extra})
     marker = {
         "version": MARKER_VERSION,
         "count": count,
@@ -109,8 +124,54 @@ def make_images(
         "seed": seed,
         "bytes": summary["bytes"],
     }
+    if format == "webdataset":
+        marker.update({"format": format, "shards": extra["shards"], "shard_size": shard_size,
+                       "pattern": extra["pattern"]})
     (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     return summary
+
+
+def _generate(tasks: list[_Task], work, workers: int, progress: bool, *, ordered: bool):
+    """``work(task)`` for every task, on ``workers`` processes; in the tasks' order when ``ordered``."""
+    with tqdm(total=len(tasks), desc="images", unit="img", disable=not progress) as bar:
+        if workers == 1 or len(tasks) < 2 * workers:
+            for task in tasks:
+                yield work(task)
+                bar.update()
+        else:
+            # spawn: the caller may hold threads (torch, DALI) that make fork unsafe.
+            with multiprocessing.get_context("spawn").Pool(workers) as pool:
+                imap = pool.imap if ordered else pool.imap_unordered
+                for result in imap(work, tasks, chunksize=8):
+                    yield result
+                    bar.update()
+
+
+def _shard_writer():
+    try:
+        from webdataset import ShardWriter
+    except ImportError:
+        raise ValueError("format='webdataset' writes shards with the webdataset package, which is not installed "
+                         "(pip install webdataset)") from None
+    return ShardWriter
+
+
+def _write_shards(out: Path, tasks: list[_Task], shard_size: int, rendered) -> tuple[list[tuple], dict]:
+    """Writes the rendered images, in the tasks' order, into shards of ``shard_size`` samples."""
+    shard_writer = _shard_writer()
+    pattern = str(out / f"{SHARD_PREFIX}-%0{SHARD_DIGITS}d.tar")
+    results = []
+    with shard_writer(pattern, maxcount=shard_size, maxsize=float("inf"), verbose=0, encoder=False,
+                      mtime=SHARD_MTIME) as sink:
+        for task, (result, data) in zip(tasks, rendered):
+            key, ext = task.name.rsplit(".", 1)
+            sink.write({"__key__": key, ext: data, "cls": str(task.index % task.classes).encode("ascii")})
+            results.append(result)
+    shards = -(-len(tasks) // shard_size)
+    last = f"{shards - 1:0{SHARD_DIGITS}d}"
+    braces = f"{{{0:0{SHARD_DIGITS}d}..{last}}}" if shards > 1 else last
+    return results, {"shards": shards, "shard_size": shard_size,
+                     "pattern": str(out / f"{SHARD_PREFIX}-{braces}.tar")}
 
 
 def read_marker(out: str | Path) -> dict | None:
@@ -151,6 +212,10 @@ def _prepare_output(out: Path) -> None:
                 item.unlink()
         if not any(class_dir.iterdir()):
             class_dir.rmdir()
+    for shard in out.glob(f"{SHARD_PREFIX}-*.tar"):
+        for item in (shard, shard.with_name(f".{shard.name}.feedline-idx")):  # and the index a Loader left
+            if item.is_file():
+                item.unlink()
 
 
 def _plan(out: Path, count: int, classes: int, seed: int) -> list[_Task]:
@@ -219,6 +284,13 @@ def _stats(values: np.ndarray) -> dict:
 
 
 def _write_image(task: _Task) -> tuple[str, int, int, int]:
+    result, data = _render_image(task)
+    (Path(task.out) / task.class_dir / task.name).write_bytes(data)
+    return result
+
+
+def _render_image(task: _Task) -> tuple[tuple[str, int, int, int], bytes]:
+    """The encoded image of ``task`` and its summary row (kind, bytes, width, height)."""
     rng = np.random.default_rng([task.seed, task.index])
     height, width = _image_shape(rng)
     label = task.index % task.classes
@@ -234,8 +306,7 @@ def _write_image(task: _Task) -> tuple[str, int, int, int]:
     else:
         mode = "L" if task.kind == _KIND_GRAY else "RGB"
         data = _fit_jpeg(base, texture, amplitude, mode, target_bytes)
-    (Path(task.out) / task.class_dir / task.name).write_bytes(data)
-    return task.kind, len(data), width, height
+    return (task.kind, len(data), width, height), data
 
 
 def _image_shape(rng: np.random.Generator) -> tuple[int, int]:

@@ -13,9 +13,8 @@ import torch
 from ...pipelines.spec import PipelineSpec
 from ..devices import gpu_available
 from ..runners.contract import RunnerConfig
-from ..sampler import EpochSampler, LastBatch
 from .monitors import NoGpu, NvmlGpuMonitor, PsutilCpuMonitor, WaitMonitor
-from .profiler import Profile, RunnerFactory, profile
+from .profiler import OrderFactory, Profile, RunnerFactory, profile
 from .report import plan_dict, plan_table
 from .scheduler import Measurements, Plan, Resources, Scheduler, trainer_load
 
@@ -29,10 +28,10 @@ PROBE_SEED = 12345
 
 class AutoPlacement:
     """``config`` is the Loader's runner configuration (batch size, device, ...); ``runners`` makes a runner
-    for a configuration, over the Loader's opened source of ``num_samples`` samples. Probes and profiling run
-    on runners of their own, never on the Loader's."""
+    for a configuration over the Loader's opened source, ``orders`` that source's order for a batch size and
+    seed. Probes and profiling run on runners and orders of their own, never on the Loader's."""
 
-    def __init__(self, spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, num_samples: int,
+    def __init__(self, spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, orders: OrderFactory,
                  cores: int, *, replan_every_s: float = REPLAN_EVERY_S, clock: Callable[[], float] = time.monotonic):
         device, batch_size = config.device, config.batch_size
         on_gpu = device.type == "cuda" and gpu_available()
@@ -42,7 +41,7 @@ class AutoPlacement:
         self.spec = spec
         self.config = config
         self.runners = runners
-        self.num_samples = num_samples
+        self.orders = orders
         self.batch_size = batch_size
         self.device = device
         self.scheduler = Scheduler(spec, cuts, batch_size=batch_size, output_device="gpu" if on_gpu else "cpu",
@@ -67,7 +66,7 @@ class AutoPlacement:
     def start(self) -> Plan:
         """Profile the pipeline, choose the first plan, and check its thread count by measuring."""
         started = time.perf_counter()
-        self.profile = profile(self.spec, self.config, self.runners, self.num_samples,
+        self.profile = profile(self.spec, self.config, self.runners, self.orders,
                                gpu=gpu_available() and self.device.type == "cuda")
         self.last = self._measurements(None)
         plan = self.scheduler.update(self.last)
@@ -106,8 +105,7 @@ class AutoPlacement:
 
     def _probe(self, cut: int, threads: int) -> "_Probe":
         config = dataclasses.replace(self.config, cut=cut, num_threads=threads, seed=PROBE_SEED)
-        sampler = EpochSampler(self.num_samples, self.batch_size, seed=PROBE_SEED, last_batch=LastBatch.DROP)
-        return _Probe(self.runners(config), sampler, self.device)
+        return _Probe(self.runners(config), self.orders(self.batch_size, PROBE_SEED), self.device)
 
     def _measurements(self, samples_per_s: float | None) -> Measurements:
         cpu = self.cpu.sample()
@@ -166,7 +164,7 @@ class AutoPlacement:
 class _Probe:
     """Times one placement on batches outside the trainer's epochs: each call runs at least CHECK_SECONDS."""
 
-    def __init__(self, runner, sampler: EpochSampler, device: torch.device):
+    def __init__(self, runner, sampler, device: torch.device):
         self.runner = runner
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         plans = (plan for epoch in itertools.count() for plan in sampler.epoch(epoch))

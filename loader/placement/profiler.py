@@ -7,6 +7,7 @@ what the trainer is given. GPU costs are measured only where a GPU is.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -15,13 +16,15 @@ import torch
 
 from ...pipelines.spec import PipelineSpec
 from ..runners.contract import Runner, RunnerConfig, StageTimes
-from ..sampler import BatchPlan, EpochSampler
+from ..sampler import BatchPlan
 from .scheduler import StageCost
 
 DEFAULT_H2D_BYTES_PER_S = 12e9
 PROFILE_SEED = 12345
 
 RunnerFactory = Callable[[RunnerConfig], Runner]
+# (batch size, seed) -> the order of the Loader's source for one rank: EpochSampler or StreamOrder
+OrderFactory = Callable[[int, int], object]
 
 
 @dataclass(frozen=True)
@@ -33,19 +36,20 @@ class Profile:
     seconds: float  # wall time the profiling took
 
 
-def first_plans(num_samples: int, batch_size: int, batches: int) -> list[BatchPlan]:
-    sampler = EpochSampler(num_samples, min(batch_size, num_samples), shuffle=True, seed=PROFILE_SEED)
-    return sampler.epoch(0)[:batches]
+def first_plans(orders: OrderFactory, batch_size: int, batches: int) -> list[BatchPlan]:
+    """The first plans of a fixed shuffled epoch, in the source's own order (for a streamed table: one
+    buffer-full's chunks, not rows from all over the files)."""
+    return list(itertools.islice(orders(batch_size, PROFILE_SEED).epoch(0), batches))
 
 
-def profile(spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, num_samples: int, *,
+def profile(spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, orders: OrderFactory, *,
             gpu: bool, batches: int = 3) -> Profile:
     """``config``: the Loader's placement settings (its batch size and device); ``runners`` makes a runner
-    for a config. The CPU costs come from the all-CPU placement on one thread, the GPU costs from the
-    earliest GPU cut."""
+    for a config, ``orders`` the source's order. The CPU costs come from the all-CPU placement on one thread,
+    the GPU costs from the earliest GPU cut."""
     started = time.perf_counter()
-    plans = first_plans(num_samples, config.batch_size, batches + 1)
-    batch_size = min(config.batch_size, num_samples)
+    plans = first_plans(orders, config.batch_size, batches + 1)
+    batch_size = max(p.indices.size for p in plans)
     cpu = _measure(runners, dataclasses.replace(config, cut=spec.all_cpu, device=torch.device("cpu"),
                                                  batch_size=batch_size, seed=0, num_threads=1, prefetch=1), plans)
     gpu_seconds: dict[str, float] = {}

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ...pipelines.image import infer_types
-from ...pipelines.image_sources import FileList, ImageFolder
+from ...pipelines.image_sources import FileList, ImageFolder, WebDataset
 from ...pipelines.spec import PipelineSpec
 from ...pipelines.stage import Backend
 from ..runners import image_graph
@@ -127,7 +127,7 @@ def stage_table(spec: PipelineSpec) -> str:
 
 
 def _engines(spec: PipelineSpec) -> dict[str, tuple[str, str]]:
-    if not isinstance(spec.source, (ImageFolder, FileList)):
+    if not isinstance(spec.source, (ImageFolder, FileList, WebDataset)):
         return {s.name: ("NumPy" if s.runs_on(Backend.CPU) else "-", "CuPy" if s.runs_on(Backend.GPU) else "-")
                 for s in spec.stages}
     types = infer_types(spec.stages[1:])

@@ -103,7 +103,8 @@ class FeatureRunner:
 
     def _cpu_data(self, plan: BatchPlan, timed: dict[str, float] | None = None) -> dict[str, Any]:
         started = time.thread_time() if timed is not None else 0.0
-        data: dict[str, Any] = {"columns": self.source.read(plan.indices)}
+        rows = self.source.read(plan.indices)
+        data: dict[str, Any] = {"columns": rows.columns, "valid": plan.valid & ~rows.bad}
         if timed is not None:  # reading the rows is the parse stage's work
             first = self.spec.stages[0].name
             timed[first] = timed.get(first, 0.0) + time.thread_time() - started
@@ -117,19 +118,14 @@ class FeatureRunner:
     def _host_part(self, plan: BatchPlan):
         data = self._cpu_data(plan)
         moving = {name: data[name] for name in self._crossing} if self.on_gpu else transfer.plain(data, self.spec.outputs)
-        if self.device.type == "cpu":
-            return moving
         moving["index"] = np.asarray(plan.indices, dtype=np.int64)
-        if not plan.valid.all():
-            moving["valid"] = np.asarray(plan.valid, dtype=bool)
-        return transfer.pack(moving)
+        if not data["valid"].all():  # padding, and bad rows skipped in their places
+            moving["valid"] = np.asarray(data["valid"], dtype=bool)
+        return moving if self.device.type == "cpu" else transfer.pack(moving)
 
     def _device_part(self, plan: BatchPlan, host) -> dict[str, Any]:
         if self.device.type == "cpu":
             batch = transfer.convert(host, torch.from_numpy)
-            batch["index"] = torch.from_numpy(np.array(plan.indices, dtype=np.int64))
-            if not plan.valid.all():
-                batch["valid"] = torch.from_numpy(np.array(plan.valid, dtype=bool))
         elif not self.on_gpu:
             batch = transfer.unpack(torch.from_numpy(host[0]).to(self.device), host[1], transfer.torch_view)
         else:

@@ -8,6 +8,7 @@ it and the order, sharding and resumption stay with the Loader.
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import re
 import resource
@@ -437,23 +438,22 @@ class ImageRunner:
         suspects = [int(match.group(1))] if match and int(match.group(1)) < len(paths) else range(len(paths))
         for k in suspects:
             try:
-                with Image.open(paths[k]) as im:
+                with Image.open(io.BytesIO(self.source.read(host.good[k].index).tobytes())) as im:
                     im.load()
             except Exception as err:
                 return host.good[k], DataError(paths[k], f"image data is corrupt or truncated and cannot be "
                                                          f"decoded ({err})")
         for k in suspects if ask_dali else ():  # PIL accepted them all: ask DALI about each file on its own
-            if not _dali_decodes(paths[k]):
+            if not _dali_decodes(self.source.read(host.good[k].index)):
                 return host.good[k], DataError(paths[k], "image data is corrupt and the decoder rejects it")
         last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         return None, DataError(f"batch of {len(paths)} files from {paths[0]}", f"DALI failed: {last}")
 
 
-def _dali_decodes(path: str) -> bool:
-    """Whether DALI's CPU decoder accepts one file on its own (used only after a batch failed)."""
+def _dali_decodes(data: np.ndarray) -> bool:
+    """Whether DALI's CPU decoder accepts one file's bytes on their own (used only after a batch failed)."""
     from nvidia.dali import Pipeline, fn, types
 
-    data = np.fromfile(path, dtype=np.uint8)
     pipe = Pipeline(batch_size=1, num_threads=1, device_id=None)
     with pipe:
         pipe.set_outputs(fn.decoders.image(fn.external_source(source=lambda: [data], batch=True, dtype=types.UINT8,

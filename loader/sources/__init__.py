@@ -1,27 +1,31 @@
 """Opening a pipeline's source: what the declaration names becomes something that reads samples by index."""
 from __future__ import annotations
 
-from ...pipelines.image_sources import FileList, ImageFolder
+from ...pipelines.image_sources import FileList, ImageFolder, WebDataset
 from ...pipelines.tabular import FileFormat, TabularFiles
 from .image_files import ImageFiles, open_folder, open_list
-from .tabular import TabularReader
+from .chunked import ChunkedTable
 
 
-def open_source(declared) -> ImageFiles | TabularReader:
-    """The opened source of a pipeline (``spec.source``): image files listed once, or tabular files read and
-    validated once. A Loader opens its source once and shares it with every runner it builds."""
+def open_source(declared, *, cache_rows: int = 1 << 18) -> ImageFiles | ChunkedTable:
+    """The opened source of a pipeline (``spec.source``): image files listed once, or tabular files indexed
+    to be read chunk by chunk (``cache_rows``: parsed rows kept in memory at most). A Loader opens its source
+    once and shares it with every runner it builds."""
     if isinstance(declared, ImageFolder):
         return open_folder(declared)
     if isinstance(declared, FileList):
         return open_list(declared)
+    if isinstance(declared, WebDataset):
+        from .webdataset import open_webdataset
+        return open_webdataset(declared)
     if isinstance(declared, TabularFiles):
         if declared.format is FileFormat.TSV:
-            from .tsv import TsvSource
-            return TsvSource(declared)
-        from .parquet import ParquetSource
-        return ParquetSource(declared)
+            from .tsv import TsvFormat
+            return ChunkedTable(declared, TsvFormat(declared.columns), cache_rows=cache_rows)
+        from .parquet import ParquetFormat
+        return ChunkedTable(declared, ParquetFormat(declared.columns), cache_rows=cache_rows)
     raise TypeError(f"a pipeline's source must be an image folder, a file list or tabular files, "
                     f"got {type(declared).__name__}")
 
 
-__all__ = ["open_source", "ImageFiles", "TabularReader"]
+__all__ = ["open_source", "ImageFiles", "ChunkedTable"]

@@ -1,8 +1,8 @@
-"""Rows of Parquet files by row number.
+"""Parquet files as chunks of rows, converted when read.
 
-Opening reads the declared columns of every file once into NumPy arrays (Parquet has no cheap random row
-access, so the columns live in memory), converting and checking them as it goes: a bad row raises or is
-skipped, and ``num_rows`` counts good rows only. ``read`` is then a gather.
+Each row group is one group of ``CHUNK_ROWS``-row chunks, read front to back with pyarrow's
+``ParquetFile.iter_batches`` (one row group at a time, so a large row group never sits in memory whole); the
+index is the files' metadata. The declared columns must be present (checked when the files are opened).
 
 Column types accepted: ``INT``: integers, or floats holding whole numbers (pandas writes an int column with
 missing values as float64 with NaN); ``FLOAT``: any number; ``HEX``: hex strings or integers; ``INT_LIST``:
@@ -10,74 +10,115 @@ lists of integers. Null, NaN and the empty string are missing values; +-inf is a
 """
 from __future__ import annotations
 
-import os
+import threading
 
 import numpy as np
 
-from ...pipelines.tabular import Column, ColumnKind, OnError, TabularFiles
-from ..errors import Skipped
-from .tabular import bad_row, ListColumn, MissingFileError, RowError, ScalarColumn, check_rows
+from ...pipelines.tabular import Column, ColumnKind
+from .chunked import ChunkIndex, RowsChunk
+from .tabular import ListColumn, RowError, ScalarColumn
 from .tsv_parse import NOT_NUMBER, OK, PAD, parse_hex
 
 _INT64_MAX = float(2**63)
+CHUNK_ROWS = 1 << 12
 
 
-class ParquetSource:
-    def __init__(self, files: TabularFiles):
-        self.columns = files.columns
-        self.on_error = files.on_error
-        self.skipped: list[Skipped] = []
-        parts = [self._load(path) for path in files.paths]
-        parts = [p for p in parts if p is not None]
-        self.num_rows = sum(p[0] for p in parts)
-        if self.num_rows == 0:
-            raise RowError(", ".join(files.paths), None, f"no good rows ({len(self.skipped)} skipped)")
-        self._columns = {c.name: _concat([p[1][c.name] for p in parts]) for c in self.columns}
+class ParquetFormat:
+    def __init__(self, columns: tuple[Column, ...]):
+        self.columns = columns
+        self._cursors: dict[str, _GroupCursor] = {}
+        self._lock = threading.Lock()
 
-    def __len__(self) -> int:
-        return self.num_rows
-
-    def _bad(self, path: str, line: int | None, reason: str) -> None:
-        bad_row(self.on_error, self.skipped, path, line, reason)
-
-    def _load(self, path: str):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        if not os.path.isfile(path):
-            raise MissingFileError(path)
-        try:
-            parquet = pq.ParquetFile(path)
-        except (pa.ArrowException, OSError) as e:
-            raise RowError(path, None, f"is not a readable Parquet file: {e}") from None
+    def index(self, path: str) -> ChunkIndex:
+        parquet = _open(path)
         names = parquet.schema_arrow.names
         absent = [c.name for c in self.columns if c.name not in names]
         if absent:
             raise RowError(path, None, f"has no column(s) {absent}; its columns are {names}")
-        table = parquet.read(columns=[c.name for c in self.columns])
-        if table.num_rows == 0:
-            self._bad(path, None, "file is empty")
-            return None
-        converted, problems = {}, np.zeros(table.num_rows, dtype=np.int64) - 1
+        starts, rows, groups, lines = [], [], [], []
+        first = 1
+        for g in range(parquet.metadata.num_row_groups):
+            n = parquet.metadata.row_group(g).num_rows
+            for a in range(0, n, CHUNK_ROWS):
+                starts.append(a)
+                rows.append(min(CHUNK_ROWS, n - a))
+                groups.append(g)
+                lines.append(first + a)
+            first += n
+        if not rows:
+            return ChunkIndex.empty()
+        starts_, rows_ = np.asarray(starts, dtype=np.int64), np.asarray(rows, dtype=np.int64)
+        return ChunkIndex(starts_, starts_ + rows_, np.asarray(lines, dtype=np.int64), rows_,
+                          np.asarray(groups, dtype=np.int64))
+
+    def load(self, path: str, index: ChunkIndex, chunk: int) -> RowsChunk:
+        with self._lock:
+            cursor = self._cursors.get(path)
+            if cursor is None:
+                cursor = self._cursors[path] = _GroupCursor(path, [c.name for c in self.columns])
+        table = cursor.rows(int(index.groups[chunk]), int(index.starts[chunk]), int(index.stops[chunk]))
+        n = table.num_rows
+        problems = np.full(n, -1, dtype=np.int64)
         reasons: dict[int, str] = {}
+        columns = {}
         for j, column in enumerate(self.columns):
-            array = table.column(column.name).combine_chunks()
-            converted[column.name], bad, why = _convert(path, column, array)
+            data, bad, why = _convert(path, column, table.column(column.name).combine_chunks())
             first = bad & (problems < 0)
             problems[first] = j
-            for row in np.flatnonzero(first)[:None if self.on_error is OnError.SKIP else 1].tolist():
+            for row in np.flatnonzero(first).tolist():
                 reasons[row] = f"column {column.name}: {why(row)}"
-        bad_rows = np.flatnonzero(problems >= 0)
-        for row in bad_rows.tolist():
-            self._bad(path, row + 1, reasons[row])
-        good = problems < 0
-        if bad_rows.size:
-            converted = {name: _take(col, np.flatnonzero(good)) for name, col in converted.items()}
-        return int(good.sum()), converted
+            columns[column.name] = data
+        bad = problems >= 0
+        for name, data in columns.items():
+            if isinstance(data, ScalarColumn) and bad.any():
+                data.values[bad] = 0
+        return RowsChunk(columns, bad, reasons)
 
-    def read(self, rows: np.ndarray) -> dict[str, ScalarColumn | ListColumn]:
-        rows = check_rows(rows, self.num_rows)
-        return {name: _take(col, rows) for name, col in self._columns.items()}
+
+def _open(path: str):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise RowError(path, None, f"is not a readable Parquet file: {e}") from None
+
+
+class _GroupCursor:
+    """Reads one file's row groups front to back; asked for rows behind it, it starts the group again."""
+
+    def __init__(self, path: str, names: list[str]):
+        self.path, self.names = path, names
+        self.file = _open(path)
+        self.lock = threading.Lock()
+        self.group, self.position, self.batches, self.pending = None, 0, None, None
+
+    def rows(self, group: int, start: int, stop: int):
+        import pyarrow as pa
+
+        with self.lock:
+            if group != self.group or start < self.position:
+                self.group, self.position, self.pending = group, 0, None
+                self.batches = self.file.iter_batches(batch_size=CHUNK_ROWS, row_groups=[group],
+                                                      columns=self.names)
+            parts = []
+            try:
+                while self.position < stop:
+                    if self.pending is None or not self.pending.num_rows:
+                        self.pending = next(self.batches)
+                    skip = max(0, start - self.position)
+                    take = min(self.pending.num_rows, stop - self.position)
+                    if take > skip:
+                        parts.append(self.pending.slice(skip, take - skip))
+                    self.pending = self.pending.slice(take)
+                    self.position += take
+            except StopIteration:
+                raise RowError(self.path, None, f"row group {group} ends before row {stop} its metadata "
+                                                f"promises") from None
+            except (pa.ArrowException, OSError) as e:
+                raise RowError(self.path, None, f"cannot be read: {e}") from None
+            return pa.Table.from_batches(parts) if parts else pa.Table.from_batches([], schema=None)
 
 
 def _convert(path: str, column: Column, array):
@@ -173,23 +214,3 @@ def _describe(code: int, value, what: str) -> str:
     if code == OK:
         return "is empty, and a value is required"
     return f"{value!r} is not {what}" if code == NOT_NUMBER else f"{value!r} is out of int64 range"
-
-
-def _take(col, rows: np.ndarray):
-    if isinstance(col, ScalarColumn):
-        return ScalarColumn(col.values[rows], col.missing[rows])
-    lengths = (col.offsets[1:] - col.offsets[:-1])[rows]
-    offsets = np.zeros(rows.size + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    starts = np.repeat(col.offsets[:-1][rows] - offsets[:-1], lengths)
-    return ListColumn(offsets, col.values[starts + np.arange(offsets[-1])])
-
-
-def _concat(parts: list):
-    if len(parts) == 1:
-        return parts[0]
-    if isinstance(parts[0], ScalarColumn):
-        return ScalarColumn(np.concatenate([p.values for p in parts]), np.concatenate([p.missing for p in parts]))
-    shifts = np.cumsum([0] + [p.offsets[-1] for p in parts[:-1]])
-    offsets = np.concatenate([[0]] + [p.offsets[1:] + s for p, s in zip(parts, shifts)])
-    return ListColumn(offsets.astype(np.int64), np.concatenate([p.values for p in parts]))

@@ -1,177 +1,229 @@
-"""Rows of TSV files (plain or gzip) by row number.
+"""TSV files (plain or gzip) as chunks of lines, parsed when read.
 
-Opening reads each file once: plain files are memory-mapped, gzip files are decompressed into memory, the
-start and end of every line are found with NumPy, and every line is parsed (in chunks, on several threads, with
-the vectorised parser of ``tsv_parse``) and checked, so bad lines raise or are skipped before the first batch
-and ``num_rows`` counts good lines only. The parsed columns are kept, each in the narrowest integer type that
-holds its values (for Criteo that is smaller than the text), and the file's bytes are let go: like Parquet,
-``read`` is then a gather, and the text is parsed once, not once at opening and again every epoch.
+A plain file is cut into chunks of about ``CHUNK_BYTES`` at line starts; any chunk is read on its own (one
+``pread``). A gzip file cannot be read from the middle, so its chunks (``CHUNK_LINES`` lines each) form one
+group, read front to back by one decompressor kept per file. The index (lines per chunk) is built by one
+pass over the file and kept beside it in ``<file>.feedline-index.json`` (size and modification time must
+match), so opening the same files again costs nothing.
 """
 from __future__ import annotations
 
 import gzip
-import mmap
+import json
+import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import zlib
 
 import numpy as np
 
-from ..devices import available_cores
-from ...pipelines.tabular import TabularFiles
-from ..errors import Skipped
-from .tabular import bad_row, MissingFileError, RowError, ScalarColumn, check_rows
+from ...pipelines.tabular import Column
+from .chunked import ChunkIndex, RowsChunk
+from .tabular import RowError, ScalarColumn
 from .tsv_parse import PAD, parse_lines
 
+log = logging.getLogger("feedline")
 GZIP_MAGIC = b"\x1f\x8b"
-SCAN_BYTES = 1 << 22
-CHECK_LINES = 1 << 13  # a chunk's bytes (~2 MB for Criteo) stay in cache while it is parsed
+CHUNK_BYTES = 1 << 20
+CHUNK_LINES = 1 << 12
+SCAN_BYTES = 1 << 24
+INDEX_SUFFIX = ".feedline-index.json"
+INDEX_VERSION = 1
+_unwritable_warned: set[str] = set()
 
 
-class TsvSource:
-    def __init__(self, files: TabularFiles):
-        self.columns = files.columns
-        self.on_error = files.on_error
-        self.skipped: list[Skipped] = []
-        self._paths = files.paths
-        # Columns are kept row-major, one block per column kind (a row's fields lie together, so gathering the
-        # rows of a shuffled batch touches one or two cache lines per row, not one per field).
-        self._kinds = tuple(dict.fromkeys(c.kind for c in self.columns))
-        self._index = {kind: [j for j, c in enumerate(self.columns) if c.kind is kind] for kind in self._kinds}
-        parts: list[tuple[list, np.ndarray]] = []  # per file: values block per kind, packed missing bits
-        for path in files.paths:
-            buf = _load(path)
-            if buf is None:
-                self._bad(path, None, "file is empty")
-                continue
-            parts.append(self._parse_file(path, buf))
-            del buf  # the text is not needed once parsed (a memory map closes with its last reference)
-        self._blocks = [_concat([p[0][k] for p in parts], (0, len(self._index[kind])))
-                        for k, kind in enumerate(self._kinds)]
-        self._missing = _concat([p[1] for p in parts], (0, -(-len(self.columns) // 8)), np.uint8)
-        self.num_rows = int(self._missing.shape[0])
-        if self.num_rows == 0:
-            raise RowError(", ".join(files.paths), None, f"no good rows ({len(self.skipped)} skipped)")
-
-    def __len__(self) -> int:
-        return self.num_rows
-
-    def _bad(self, path: str, line: int | None, reason: str) -> None:
-        bad_row(self.on_error, self.skipped, path, line, reason)
-
-    def _parse_file(self, path: str, buf: np.ndarray) -> tuple[list, np.ndarray]:
-        """Every good line's values (a block per kind) and missing bits, parsed in chunks on several threads
-        (NumPy releases the GIL); bad lines raise or are recorded as skipped, in line order."""
-        start, end = _line_bounds(buf)
-        chunks = range(0, start.size, CHECK_LINES)
-        blocks: list[list] = [[] for _ in self._kinds]
-        missing: list[np.ndarray] = []
-        pool = ThreadPoolExecutor(_threads(), thread_name_prefix="feedline-tsv-parse")
-        try:
-            for found, values, miss in pool.map(lambda a: self._parse_chunk(buf, start, end, a), chunks):
-                for line, reason in found:
-                    self._bad(path, line + 1, reason)
-                for k, v in enumerate(values):
-                    blocks[k].append(v)
-                missing.append(miss)
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-        return ([_concat(b, (0, len(self._index[kind]))) for b, kind in zip(blocks, self._kinds)],
-                _concat(missing, (0, -(-len(self.columns) // 8)), np.uint8))
-
-    def _parse_chunk(self, buf: np.ndarray, start: np.ndarray, end: np.ndarray, a: int):
-        b = min(start.size, a + CHECK_LINES)
-        lo, hi = int(start[a]), int(end[b - 1])
-        lines = np.empty(PAD + hi - lo + 1, dtype=np.uint8)
-        lines[:PAD] = ord("0")
-        lines[PAD:-1] = buf[lo:hi]
-        lines[-1] = ord("\n")
-        parsed = parse_lines(lines, b - a, self.columns, by_row=True)
-        bad = np.flatnonzero(parsed.bad)
-        found = [(a + i, parsed.reason(i)) for i in bad.tolist()]
-        if not parsed.lines.size:  # no line of the chunk had the right field count
-            return (found, [np.zeros((0, len(self._index[kind])), dtype=np.uint8) for kind in self._kinds],
-                    np.zeros((0, -(-len(self.columns) // 8)), dtype=np.uint8))
-        keep = np.flatnonzero(~parsed.bad[parsed.lines]) if bad.size else slice(None)  # good well-split lines
-        values = [_narrow(parsed.blocks[kind][keep]) for kind in self._kinds]
-        missing = np.empty((values[0].shape[0], len(self.columns)), dtype=bool)
-        for kind in self._kinds:
-            idx = self._index[kind]
-            missing[:, slice(idx[0], idx[-1] + 1) if _contiguous(idx) else idx] = parsed.empty[kind][keep]
-        return found, values, np.packbits(missing, axis=1, bitorder="little")
-
-    def read(self, rows: np.ndarray) -> dict[str, ScalarColumn]:
-        rows = check_rows(rows, self.num_rows)
-        missing = np.unpackbits(self._missing.take(rows, axis=0), axis=1, count=len(self.columns),
-                                bitorder="little").view(bool).T
-        out = {}
-        for kind, block in zip(self._kinds, self._blocks):
-            values = np.ascontiguousarray(block.take(rows, axis=0).T, dtype=np.int64)
-            for k, j in enumerate(self._index[kind]):
-                out[self.columns[j].name] = ScalarColumn(values[k], missing[j])
-        return {c.name: out[c.name] for c in self.columns}
-
-
-def _contiguous(idx: list[int]) -> bool:
-    return idx == list(range(idx[0], idx[-1] + 1))
-
-
-# Narrow types that NumPy's concatenation promotes among without ever reaching float64 (no uint64).
-_NARROW = tuple((np.dtype(t), np.iinfo(t).min, np.iinfo(t).max)
-                for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32))
-
-
-def _narrow(v: np.ndarray) -> np.ndarray:
-    """``v`` (int64) in the smallest integer type that holds all its values exactly."""
-    if not v.size:
-        return v.astype(np.uint8)
-    low, high = int(v.min()), int(v.max())
-    for dtype, lo, hi in _NARROW:
-        if lo <= low and high <= hi:
-            return v.astype(dtype)
-    return v
-
-
-def _concat(arrays: list, empty_shape: tuple, empty_dtype=np.uint8) -> np.ndarray:
-    if not arrays:
-        return np.zeros(empty_shape, dtype=empty_dtype)
-    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-
-
-def _load(path: str) -> np.ndarray | None:
-    """The file's bytes (gzip decompressed), or None for an empty file."""
-    if not os.path.isfile(path):
-        raise MissingFileError(path)
+def is_gzip(path: str) -> bool:
     with open(path, "rb") as f:
-        magic = f.read(2)
-        if magic == GZIP_MAGIC:
-            f.seek(0)
+        return f.read(2) == GZIP_MAGIC
+
+
+class TsvFormat:
+    def __init__(self, columns: tuple[Column, ...]):
+        self.columns = columns
+        self._cursors: dict[str, _GzipCursor] = {}
+        self._lock = threading.Lock()
+
+    # ---- indexing ---------------------------------------------------------------------------------
+    def index(self, path: str) -> ChunkIndex:
+        stat = os.stat(path)
+        cached = _read_cache(path, stat)
+        if cached is not None:
+            return cached
+        index = _index_gzip(path) if is_gzip(path) else _index_plain(path, stat.st_size)
+        _write_cache(path, stat, index)
+        return index
+
+    # ---- reading ----------------------------------------------------------------------------------
+    def load(self, path: str, index: ChunkIndex, chunk: int) -> RowsChunk:
+        rows = int(index.rows[chunk])
+        if index.groups[chunk] < 0:  # plain text: read the chunk's bytes on their own
+            with open(path, "rb") as f:
+                data = os.pread(f.fileno(), int(index.stops[chunk] - index.starts[chunk]), int(index.starts[chunk]))
+        else:
+            with self._lock:
+                cursor = self._cursors.get(path)
+                if cursor is None:
+                    cursor = self._cursors[path] = _GzipCursor(path)
+            data = cursor.lines(int(index.lines[chunk]), rows)
+        return self.parse(data, rows)
+
+    def parse(self, data: bytes, rows: int) -> RowsChunk:
+        """``rows`` lines of text (the last one's newline optional) as a chunk of rows."""
+        buf = np.empty(PAD + len(data) + 1, dtype=np.uint8)
+        buf[:PAD] = ord("0")
+        buf[PAD:PAD + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        buf[-1] = ord("\n")
+        if data.endswith(b"\n"):
+            buf = buf[:-1]
+        parsed = parse_lines(buf, rows, self.columns)
+        columns = {}
+        for c in self.columns:
+            values = np.zeros(rows, dtype=np.int64)
+            missing = np.ones(rows, dtype=bool)
+            if parsed.lines.size:
+                values[parsed.lines] = parsed.values[c.name]
+                missing[parsed.lines] = parsed.missing[c.name]
+            values[parsed.bad] = 0
+            columns[c.name] = ScalarColumn(values, missing)
+        reasons = {int(k): parsed.reason(int(k)) for k in np.flatnonzero(parsed.bad)}
+        return RowsChunk(columns, parsed.bad, reasons)
+
+
+def _index_plain(path: str, size: int) -> ChunkIndex:
+    """Chunks of about CHUNK_BYTES, each starting at a line start, and the lines in each."""
+    if size == 0:
+        return ChunkIndex.empty()
+    with open(path, "rb") as f:
+        ends = []  # one past each newline
+        offset = 0
+        while True:
+            block = f.read(SCAN_BYTES)
+            if not block:
+                break
+            ends.append(np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 0x0A) + offset + 1)
+            offset += len(block)
+    line_ends = np.concatenate(ends) if ends else np.zeros(0, dtype=np.int64)
+    if line_ends.size == 0 or line_ends[-1] != size:
+        line_ends = np.append(line_ends, size)  # a last line without its newline
+    line_ends = line_ends.astype(np.int64)
+    # The last line of each chunk: the first line ending at or beyond each CHUNK_BYTES mark.
+    marks = np.arange(CHUNK_BYTES, size, CHUNK_BYTES)
+    cut_lines = np.unique(np.concatenate([np.searchsorted(line_ends, marks), [line_ends.size - 1]]))
+    stops = line_ends[cut_lines]
+    starts = np.concatenate([[0], stops[:-1]])
+    rows = np.diff(np.concatenate([[-1], cut_lines]))
+    lines = np.concatenate([[1], cut_lines[:-1] + 2])
+    return ChunkIndex(starts, stops, lines.astype(np.int64), rows.astype(np.int64),
+                      np.full(rows.size, -1, dtype=np.int64))
+
+
+def _index_gzip(path: str) -> ChunkIndex:
+    """One group of CHUNK_LINES-line chunks: the lines counted by decompressing the file once."""
+    lines, last_byte = 0, b"\n"
+    try:
+        with gzip.open(path, "rb") as f:
+            while True:
+                block = f.read(SCAN_BYTES)
+                if not block:
+                    break
+                lines += block.count(b"\n")
+                last_byte = block[-1:]
+    except (OSError, EOFError, zlib.error) as e:
+        raise RowError(path, None, f"is not a readable gzip file: {e}") from None
+    if last_byte != b"\n":
+        lines += 1  # a last line without its newline
+    starts = np.arange(0, lines, CHUNK_LINES, dtype=np.int64)
+    rows = np.minimum(CHUNK_LINES, lines - starts)
+    return ChunkIndex(starts, starts + rows, starts + 1, rows, np.zeros(rows.size, dtype=np.int64))
+
+
+class _GzipCursor:
+    """One decompressor per gzip file, moving forward; asked for an earlier line, it starts again."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.lock = threading.Lock()
+        self._open()
+
+    def _open(self) -> None:
+        self.file = gzip.open(self.path, "rb")
+        self.line = 1        # the line that ``pending`` starts with
+        self.pending = b""
+
+    def lines(self, first: int, count: int) -> bytes:
+        with self.lock:
+            if first < self.line:
+                self.file.close()
+                self._open()
             try:
-                data = gzip.decompress(f.read())
-            except (OSError, EOFError) as e:
-                raise RowError(path, None, f"is not a readable gzip file: {e}") from None
-            return np.frombuffer(data, dtype=np.uint8) if data else None
-    if not magic:
+                self._skip(first - self.line)
+                return self._take(count)
+            except (OSError, EOFError, zlib.error) as e:
+                raise RowError(self.path, None, f"is not a readable gzip file: {e}") from None
+
+    def _fill(self) -> bool:
+        block = self.file.read(SCAN_BYTES // 4)
+        self.pending += block
+        return bool(block)
+
+    def _take(self, count: int) -> bytes:
+        while self.pending.count(b"\n") < count:
+            if not self._fill():
+                break
+        cut = -1
+        for _ in range(count):
+            cut = self.pending.find(b"\n", cut + 1)
+            if cut < 0:
+                cut = len(self.pending) - 1
+                break
+        out, self.pending = self.pending[:cut + 1], self.pending[cut + 1:]
+        self.line += count
+        return out
+
+    def _skip(self, count: int) -> None:
+        while count > 0:
+            newlines = self.pending.count(b"\n")
+            if newlines >= count:
+                self._take(count)
+                return
+            self.line += newlines
+            count -= newlines
+            self.pending = self.pending[self.pending.rfind(b"\n") + 1:]
+            if not self._fill():
+                return
+
+
+def _cache_path(path: str) -> str:
+    return path + INDEX_SUFFIX
+
+
+def _read_cache(path: str, stat: os.stat_result) -> ChunkIndex | None:
+    try:
+        with open(_cache_path(path)) as f:
+            saved = json.load(f)
+        if (saved.get("version"), saved.get("size"), saved.get("mtime_ns"), saved.get("chunk_bytes"),
+                saved.get("chunk_lines")) != (INDEX_VERSION, stat.st_size, stat.st_mtime_ns, CHUNK_BYTES,
+                                              CHUNK_LINES):
+            return None
+        return ChunkIndex(*(np.asarray(saved[k], dtype=np.int64) for k in ("starts", "stops", "lines", "rows",
+                                                                           "groups")))
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    with open(path, "rb") as f:
-        # MAP_POPULATE maps every page up front: reads then never stop on page faults.
-        mapped = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                           prot=mmap.PROT_READ)
-    return np.frombuffer(mapped, dtype=np.uint8)
 
 
-def _line_bounds(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end (exclusive, without the newline) of every line; a last line needs no newline."""
-    with ThreadPoolExecutor(_threads(), thread_name_prefix="feedline-tsv-index") as pool:
-        newlines = list(pool.map(lambda o: np.flatnonzero(buf[o:o + SCAN_BYTES] == 0x0A) + o,
-                                 range(0, buf.size, SCAN_BYTES)))
-    end = np.concatenate([*newlines, np.zeros(0, dtype=np.int64)]).astype(np.int64)
-    if buf.size and buf[-1] != 0x0A:
-        end = np.append(end, buf.size)
-    start = np.empty_like(end)
-    start[:1] = 0
-    start[1:] = end[:-1] + 1
-    return start, end
-
-
-def _threads() -> int:
-    return min(8, available_cores())
+def _write_cache(path: str, stat: os.stat_result, index: ChunkIndex) -> None:
+    target = _cache_path(path)
+    payload = {"version": INDEX_VERSION, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+               "chunk_bytes": CHUNK_BYTES, "chunk_lines": CHUNK_LINES,
+               **{k: getattr(index, k).tolist() for k in ("starts", "stops", "lines", "rows", "groups")}}
+    tmp = f"{target}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(payload, f)
+        os.replace(tmp, target)
+    except OSError as e:
+        folder = os.path.dirname(os.path.abspath(path))
+        if folder not in _unwritable_warned:
+            _unwritable_warned.add(folder)
+            log.warning("feedline: cannot keep the line index of %s beside it (%s); it is counted again at "
+                        "every open", path, e.strerror or e)

@@ -1,0 +1,146 @@
+"""Which rows of a streamed table each rank reads, in which order and in which batches, epoch by epoch.
+
+The table is a sequence of chunks (byte ranges of a text file, pieces of a gzip file or a Parquet row group,
+blocks of a converted table), grouped where a group must be read front to back (a gzip file, a row group).
+An epoch's order is two seeded shuffles, both pure functions of (seed, epoch):
+
+1. The groups are permuted; their chunks keep their order, and their rows, laid end to end, form the epoch's
+   row sequence.
+2. Each rank takes one contiguous range of that sequence (``ceil(N / world_size)`` rows; see ``LastBatch``)
+   and delivers it through a shuffle buffer of ``buffer_rows``: the rank's rows are taken a buffer-full at a
+   time and each buffer-full is delivered in a seeded random order.
+
+A buffer-full shuffle rather than a sliding one, so that the row at any position of any epoch is known
+without replaying the epoch: resuming mid-epoch is exact and costs nothing, and only one or two buffer-fulls
+of rows are ever held. ``shuffle=False`` gives the files' order. A row's index is its global position: rows
+numbered over the files in order.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from .sampler import BatchPlan, LastBatch, parse_last_batch
+
+DEFAULT_BUFFER_ROWS = 1 << 16
+
+
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+class StreamOrder:
+    """The same interface as ``EpochSampler`` (``epoch``, ``__len__``, ``shard_size``), over chunks.
+
+    ``chunk_rows``: rows per chunk, in file order; ``chunk_groups``: each chunk's group (non-decreasing)."""
+
+    def __init__(self, chunk_rows, chunk_groups, batch_size: int, *, shuffle: bool = True, seed: int = 0,
+                 rank: int = 0, world_size: int = 1, last_batch: LastBatch | str = LastBatch.PARTIAL,
+                 buffer_rows: int = DEFAULT_BUFFER_ROWS):
+        self.chunk_rows = np.asarray(chunk_rows, dtype=np.int64)
+        self.chunk_groups = np.asarray(chunk_groups, dtype=np.int64)
+        self.num_samples = _positive("rows", int(self.chunk_rows.sum()))
+        self.batch_size = _positive("batch_size", batch_size)
+        self.world_size = _positive("world_size", world_size)
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.world_size:
+            raise ValueError(f"rank must be an integer in [0, world_size={self.world_size}), got {rank!r}")
+        if not isinstance(shuffle, bool):
+            raise TypeError(f"shuffle must be True or False, got {shuffle!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        self.rank, self.shuffle, self.seed = int(rank), shuffle, int(seed)
+        self.buffer_rows = _positive("shuffle_buffer", buffer_rows)
+        self.last_batch = parse_last_batch(last_batch)
+        self.first_row = np.concatenate([[0], np.cumsum(self.chunk_rows)[:-1]]).astype(np.int64)
+        starts = np.flatnonzero(np.diff(self.chunk_groups, prepend=-1) != 0)
+        self._group_chunks = np.split(np.arange(self.chunk_rows.size), starts[1:])
+        if self.last_batch is LastBatch.DROP and len(self) == 0:
+            raise ValueError(f"last_batch='drop' with batch_size={batch_size} and {self.world_size} rank(s) "
+                             f"leaves no batch from {self.num_samples} rows")
+        self._epoch_order: tuple = (None, None, None)  # the last epoch's chunk order and its rows' starts
+        self._last_window: tuple = (None, None)
+
+    # ---- sizes ------------------------------------------------------------------------------------
+    @property
+    def per_rank(self) -> int:
+        """Rows (padding included) each rank delivers per epoch."""
+        if self.last_batch is LastBatch.DROP:
+            return (self.num_samples // self.world_size) // self.batch_size * self.batch_size
+        rows = -(-self.num_samples // self.world_size)
+        if self.last_batch is LastBatch.PAD:
+            rows = -(-rows // self.batch_size) * self.batch_size
+        return rows
+
+    def __len__(self) -> int:
+        return -(-self.per_rank // self.batch_size)
+
+    def shard_size(self, epoch: int) -> int:
+        return self.per_rank
+
+    # ---- the order --------------------------------------------------------------------------------
+    def _chunk_order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.chunk_rows.size)
+        rng = np.random.Generator(np.random.Philox(key=self.seed, counter=[0, 0, 1, epoch]))
+        groups = rng.permutation(len(self._group_chunks))
+        return np.concatenate([self._group_chunks[g] for g in groups])
+
+    def _sequence(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The epoch's chunk order and where each of its chunks starts in the row sequence (kept for reuse)."""
+        cached_epoch, order, starts = self._epoch_order
+        if cached_epoch != epoch:
+            order = self._chunk_order(epoch)
+            starts = np.concatenate([[0], np.cumsum(self.chunk_rows[order])[:-1]]).astype(np.int64)
+            self._epoch_order = (epoch, order, starts)
+        return order, starts
+
+    def _window(self, epoch: int, window: int, size: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(size)
+        key, perm = self._last_window
+        if key != (epoch, window):
+            rng = np.random.Generator(np.random.Philox(key=self.seed, counter=[self.rank, window, 2, epoch]))
+            perm = rng.permutation(size)
+            self._last_window = ((epoch, window), perm)
+        return perm
+
+    def positions(self, epoch: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Global rows and validity of the rank's delivery positions ``[start, stop)`` in ``epoch``."""
+        order, seq_start = self._sequence(epoch)
+        out = np.empty(stop - start, dtype=np.int64)
+        valid = np.ones(stop - start, dtype=bool)
+        buffer = self.buffer_rows
+        base = self.rank * self.per_rank if self.last_batch is not LastBatch.DROP else \
+            self.rank * ((self.num_samples // self.world_size) // self.batch_size * self.batch_size)
+        p = start
+        while p < stop:
+            window = p // buffer
+            w_start = window * buffer
+            size = min(buffer, self.per_rank - w_start)
+            take = min(stop, w_start + size) - p
+            q = w_start + self._window(epoch, window, size)[p - w_start:p - w_start + take]
+            v = base + q  # position in the epoch's row sequence
+            padding = v >= self.num_samples
+            v = np.where(padding, v % self.num_samples, v)  # padding repeats rows, marked invalid
+            k = np.searchsorted(seq_start, v, side="right") - 1
+            out[p - start:p - start + take] = self.first_row[order[k]] + (v - seq_start[k])
+            valid[p - start:p - start + take] = ~padding
+            p += take
+        return out, valid
+
+    def epoch(self, epoch: int, start_batch: int = 0, *, start_sample: int | None = None,
+              first_batch: int | None = None) -> Iterator[BatchPlan]:
+        """The epoch's batches, made lazily (as ``EpochSampler.epoch``; memory does not grow with the rows)."""
+        shard = self.per_rank
+        start = start_batch * self.batch_size if start_sample is None else start_sample
+        if not 0 <= start <= shard:
+            raise ValueError(f"epoch {epoch} has {shard} rows on this rank; cannot start at {start}")
+        number = start // self.batch_size if first_batch is None else first_batch
+        bounds = [start] + list(range((start // self.batch_size + 1) * self.batch_size, shard, self.batch_size))
+        bounds = [b for b in bounds if b < shard] + [shard]
+        for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            rows, valid = self.positions(epoch, a, b)
+            yield BatchPlan(rows, valid, epoch, a, b == shard, number + k, shard)
