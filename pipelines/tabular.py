@@ -38,7 +38,8 @@ from .on_error import OnError
 from .spec import PipelineSpec
 from .features import MISSING_ID, AssembleSparse, DenseColumns, HashColumns, MultiHotColumns, Parse  # noqa: F401  (MISSING_ID: public here)
 
-MAX_BUCKETS = 1 << 32
+MAX_BUCKETS = (1 << 32) - 1  # the largest uint32: what ops.hash_buckets takes
+MAX_SEED = (1 << 32) - 1
 
 
 class FileFormat(enum.Enum):
@@ -189,7 +190,7 @@ class Categorical:
     def __post_init__(self) -> None:
         _name("Categorical", "name", self.name)
         _integer("Categorical", "num_buckets", self.num_buckets, 1, MAX_BUCKETS)
-        _integer("Categorical", "seed", self.seed, 0, MAX_BUCKETS - 1)
+        _integer("Categorical", "seed", self.seed, 0, MAX_SEED)
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,7 @@ class MultiHot:
     def __post_init__(self) -> None:
         _name("MultiHot", "name", self.name)
         _integer("MultiHot", "num_buckets", self.num_buckets, 1, MAX_BUCKETS)
-        _integer("MultiHot", "seed", self.seed, 0, MAX_BUCKETS - 1)
+        _integer("MultiHot", "seed", self.seed, 0, MAX_SEED)
         if self.max_len is not None:
             _integer("MultiHot", "max_len", self.max_len, 1, 1 << 31)
 
@@ -225,7 +226,7 @@ class Cross:
         if self.a == self.b:
             raise ValueError(f"Cross.a and Cross.b must name different columns, got {self.a!r} twice")
         _integer("Cross", "num_buckets", self.num_buckets, 1, MAX_BUCKETS)
-        _integer("Cross", "seed", self.seed, 0, MAX_BUCKETS - 1)
+        _integer("Cross", "seed", self.seed, 0, MAX_SEED)
 
     @property
     def name(self) -> str:

@@ -113,7 +113,8 @@ def parse_decimal(buf: np.ndarray, start: np.ndarray, end: np.ndarray, check: bo
             v[long] += _decimal_word(xm).view(np.int64) * 10**8 + _decimal_word(xh).view(np.int64) * 10**16
             if check:
                 c[long[~(_all_in(xm, km, _DIGITS) & _all_in(xh, kh, _DIGITS))]] = NOT_NUMBER
-            _slow(buf, long[n > 18], s + negative, e, v, c if check else None, base=10)
+            slow = long[n > 18]
+            _slow(buf, slow, s + negative, e, v, c if check else None, base=10, negative=negative[slow])
         np.negative(v, out=v, where=negative)
         values[a:a + BLOCK] = v
     return values, code
@@ -141,24 +142,28 @@ def parse_hex(buf: np.ndarray, start: np.ndarray, end: np.ndarray, check: bool =
             high = _hex_word(xh)
             v[long] |= (high & _U(0x7FFFFFFF)).view(np.int64) << 32
             if check:
-                c[long[~_all_in(xh | _LOWER_CASE, kh, _HEX_DIGITS)]] = NOT_NUMBER
-                c[long[high >= _U(1 << 31)]] = OUT_OF_RANGE
+                digits = _all_in(xh | _LOWER_CASE, kh, _HEX_DIGITS)
+                c[long[~digits]] = NOT_NUMBER
+                c[long[digits & (high >= _U(1 << 31))]] = OUT_OF_RANGE  # only a number can be out of range
             _slow(buf, long[n > 16], s, e, v, c if check else None, base=16)
         values[a:a + BLOCK] = v
     return values, code
 
 
-def _slow(buf, fields, start, end, values, code, base: int) -> None:
-    """Fields too long for the word path (19+ digits, or 17+ hex digits): Python ``int``. Rare in practice."""
-    for f in fields.tolist():
+_ALL_DIGITS = {10: b"0123456789", 16: b"0123456789abcdefABCDEF"}
+
+
+def _slow(buf, fields, start, end, values, code, base: int, negative=None) -> None:
+    """Fields too long for the word path (19+ digits, or 17+ hex digits): Python ``int``. Rare in practice.
+    Digits only (``int`` itself would also take a ``0x`` prefix, underscores or spaces); ``negative``: the
+    fields whose '-' the caller took off, for which 2**63 (int64's smallest value once negated) fits."""
+    for k, f in enumerate(fields.tolist()):
         text = bytes(buf[start[f]:end[f]])
-        try:
-            value = int(text, base) if text.isalnum() else None
-        except ValueError:
-            value = None
-        status = NOT_NUMBER if value is None else OUT_OF_RANGE if value > _INT64_MAX else OK
+        value = int(text, base) if text and not text.translate(None, _ALL_DIGITS[base]) else None
+        limit = _INT64_MAX + (1 if negative is not None and negative[k] else 0)
+        status = NOT_NUMBER if value is None else OUT_OF_RANGE if value > limit else OK
         if status == OK:
-            values[f] = value
+            values[f] = value if value <= _INT64_MAX else -value  # -2**63 stays itself when the caller negates
         if code is not None:
             code[f] = status
 
