@@ -433,37 +433,62 @@ class ImageRunner:
 
     def _decode_failure(self, host: HostBatch, exc: RuntimeError, ask_dali: bool = True
                         ) -> tuple[Sample | None, DataError]:
+        """The sample a failed batch is at fault for: the first that DALI's CPU decoder refuses on its own
+        (DALI decides; the image library only words the reason). Without ``ask_dali`` (the message says the
+        GPU failed), only a file the image library cannot decode either is blamed."""
         paths = [self.source.where(s.index) for s in host.good]
         match = _FAILED_SAMPLE.search(str(exc))
         suspects = [int(match.group(1))] if match and int(match.group(1)) < len(paths) else range(len(paths))
+        decoder = _OneByOne() if ask_dali else None
         for k in suspects:
-            try:
-                with Image.open(io.BytesIO(self.source.read(host.good[k].index).tobytes())) as im:
-                    im.load()
-            except Exception as err:
+            data = self.source.read(host.good[k].index)
+            why = _pil_refuses(data)
+            if decoder.decodes(data) if decoder is not None else why is None:
+                continue
+            if why is not None:
                 return host.good[k], DataError(paths[k], f"image data is corrupt or truncated and cannot be "
-                                                         f"decoded ({err})")
-        for k in suspects if ask_dali else ():  # PIL accepted them all: ask DALI about each file on its own
-            if not _dali_decodes(self.source.read(host.good[k].index)):
-                return host.good[k], DataError(paths[k], "image data is corrupt and the decoder rejects it")
+                                                         f"decoded ({why})")
+            return host.good[k], DataError(paths[k], "image data is corrupt and the decoder rejects it")
         last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         return None, DataError(f"batch of {len(paths)} files from {paths[0]}", f"DALI failed: {last}")
 
 
-def _dali_decodes(data: np.ndarray) -> bool:
-    """Whether DALI's CPU decoder accepts one file's bytes on their own (used only after a batch failed)."""
-    from nvidia.dali import Pipeline, fn, types
-
-    pipe = Pipeline(batch_size=1, num_threads=1, device_id=None)
-    with pipe:
-        pipe.set_outputs(fn.decoders.image(fn.external_source(source=lambda: [data], batch=True, dtype=types.UINT8,
-                                                              ndim=1), output_type=types.RGB))
+def _pil_refuses(data: np.ndarray) -> str | None:
+    """Why the image library cannot decode these bytes, or None when it can."""
     try:
-        pipe.build()
-        pipe.run()
-        return True
-    except RuntimeError:
-        return False
+        with Image.open(io.BytesIO(data.tobytes())) as im:
+            im.load()
+        return None
+    except Exception as err:
+        return str(err) or type(err).__name__
+
+
+class _OneByOne:
+    """DALI's CPU decoder on one file at a time, the pipeline made again after each failure (which leaves a
+    DALI pipeline unusable); used only to find the file a failed batch is at fault for."""
+
+    def __init__(self):
+        self._pipe = None
+        self._data = None
+
+    def decodes(self, data: np.ndarray) -> bool:
+        from nvidia.dali import Pipeline, fn, types
+
+        self._data = data
+        if self._pipe is None:
+            pipe = Pipeline(batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1)
+            with pipe:
+                pipe.set_outputs(fn.decoders.image(fn.external_source(source=lambda: [self._data], batch=True,
+                                                                      dtype=types.UINT8, ndim=1),
+                                                   output_type=types.RGB))
+            pipe.build()
+            self._pipe = pipe
+        try:
+            self._pipe.run()
+            return True
+        except RuntimeError:
+            self._pipe = None
+            return False
 
 
 def _process_cpu() -> float:

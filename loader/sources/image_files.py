@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ...pipelines.image_sources import IMAGE_EXTENSIONS, FileList, ImageFolder
+from ..errors import DataError
 from .image_headers import DEFAULT_MAX_PIXELS, displayed_size, read_bytes
 
 
@@ -22,6 +23,7 @@ class ImageFiles:
         self.classes = classes
         self.origin = origin
         self._sizes = np.full((len(paths), 2), -1, dtype=np.int64)
+        self._header_errors: dict[int, DataError] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -35,10 +37,18 @@ class ImageFiles:
         return read_bytes(self.paths[index])
 
     def size(self, index: int, data: np.ndarray, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
-        """(width, height) as decoded and oriented, from the header of ``data`` (read once, then kept)."""
+        """(width, height) as decoded and oriented, from the header of ``data`` (read once, then kept; a bad
+        header's error is kept too, so the file is not parsed again every time it comes round)."""
         size = self._sizes[index]
         if size[0] < 0:
-            w, h = displayed_size(data, self.paths[index], max_pixels)
+            known = self._header_errors.get(index)
+            if known is not None:
+                raise known
+            try:
+                w, h = displayed_size(data, self.where(index), max_pixels)
+            except DataError as error:
+                self._header_errors[index] = error
+                raise
             with self._lock:
                 size[:] = (w, h)
         return size

@@ -51,6 +51,61 @@ def displayed_size(data: np.ndarray, path: str, max_pixels: int = DEFAULT_MAX_PI
     if width * height > max_pixels:
         raise DataError(path, f"image header claims {width}x{height} pixels, above the limit of "
                               f"{max_pixels} pixels (max_pixels)")
+    _check_complete(data, fmt, path)
     if orientation in _TRANSPOSED:
         width, height = height, width
     return width, height
+
+
+def _check_complete(data: np.ndarray, fmt: str, path: str) -> None:
+    """Reject a JPEG that ends before its scan data, and a PNG cut before its end chunk. The header alone is
+    whole in both, so the size reads fine, but DALI's CPU decoder crashes the process (SIGSEGV, DALI 2.4) on
+    some of them instead of raising."""
+    raw = data.tobytes()
+    if fmt == "JPEG":
+        where = _jpeg_scan_start(raw)
+        if where is None or len(raw) - where < 2:
+            raise DataError(path, "truncated JPEG: the file ends before its image data")
+    elif fmt == "PNG" and not _png_complete(raw):
+        raise DataError(path, "truncated PNG: the file ends before its last chunk")
+
+
+def _jpeg_scan_start(raw: bytes) -> int | None:
+    """Where the entropy-coded data of the first scan starts, or None if the file ends before it."""
+    pos = 2  # after SOI
+    while pos + 4 <= len(raw):
+        if raw[pos] != 0xFF:
+            return None
+        while pos < len(raw) and raw[pos] == 0xFF:  # fill bytes
+            pos += 1
+        if pos >= len(raw):
+            return None
+        marker = raw[pos]
+        pos += 1
+        if marker in _STANDALONE:
+            continue
+        if pos + 2 > len(raw):
+            return None
+        end = pos + int.from_bytes(raw[pos:pos + 2], "big")
+        if end > len(raw):
+            return None
+        if marker == 0xDA:  # start of scan
+            return end
+        pos = end
+    return None
+
+
+_STANDALONE = frozenset({0x01, *range(0xD0, 0xD9)})  # TEM, RSTn, SOI
+
+
+def _png_complete(raw: bytes) -> bool:
+    pos = 8  # after the signature
+    while pos + 8 <= len(raw):
+        length = int.from_bytes(raw[pos:pos + 4], "big")
+        kind = raw[pos + 4:pos + 8]
+        pos += 12 + length
+        if pos > len(raw):
+            return False
+        if kind == b"IEND":
+            return True
+    return False
