@@ -103,6 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=_json_path, metavar="PATH", help="also write the results as JSON")
     bench.add_argument("--no-progress", action="store_true")
 
+    convert = sub.add_parser("convert", help="convert tabular text once to Parquet that reads faster")
+    convert_kinds = convert.add_subparsers(dest="kind", required=True)
+    convert_criteo = convert_kinds.add_parser("criteo", help="Criteo TSV (plain or gzip) -> Parquet")
+    convert_criteo.add_argument("inputs", nargs="+", type=_existing_path, metavar="IN",
+                                help="TSV files (or glob patterns), in order")
+    convert_criteo.add_argument("--out", required=True, help="output folder (new, or empty)")
+    convert_criteo.add_argument("--on-error", choices=("raise", "skip"), default="raise",
+                                help="a bad line stops the conversion, or is left out and listed in skipped.tsv")
+    convert_criteo.add_argument("--no-progress", action="store_true")
+
     plan = sub.add_parser("plan", help="profile a pipeline and show where each stage runs, and why")
     plan.add_argument("--pipeline", choices=PIPELINES, required=True)
     plan.add_argument("--data", type=_existing_path, required=True,
@@ -123,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.kind == "images" and args.shard_size is not None and args.format != "webdataset":
                 parser.error("--shard-size applies to --format webdataset")
             result = _make_data(args)
+        elif args.command == "convert":
+            result = _convert(args)
         elif args.command == "plan":
             result = _plan(args)
             if args.json:
@@ -139,6 +151,23 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
+
+
+def _convert(args) -> dict:
+    import time
+
+    from tqdm import tqdm
+
+    from ..pipelines.criteo import criteo
+    from .sources.convert import convert
+
+    spec = criteo(args.inputs if len(args.inputs) > 1 else args.inputs[0], format="tsv", on_error=args.on_error)
+    started = time.perf_counter()
+    with tqdm(desc="convert", unit="row", unit_scale=True, disable=args.no_progress) as bar:
+        result = convert(spec.source, args.out, progress=bar.update)
+    result["seconds"] = round(time.perf_counter() - started, 2)
+    result["read_with"] = f"criteo({str(Path(args.out) / '*.parquet')!r})"
+    return result
 
 
 def _make_data(args) -> dict:

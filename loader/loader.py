@@ -26,7 +26,6 @@ from .stream_order import DEFAULT_BUFFER_ROWS, StreamOrder
 from .sources.image_headers import DEFAULT_MAX_PIXELS
 
 log = logging.getLogger("feedline")
-CACHE_SLACK_ROWS = 1 << 16  # parsed rows kept beyond two shuffle buffer-fulls: chunks straddling their edges
 
 
 def _distributed_rank_world() -> tuple[int, int]:
@@ -83,7 +82,7 @@ class Loader:
                 or (shuffle_buffer is not None and shuffle_buffer < 1):
             raise ValueError(f"shuffle_buffer must be a positive number of rows, got {shuffle_buffer!r}")
         self.shuffle_buffer = (shuffle_buffer or DEFAULT_BUFFER_ROWS) if streamed else None
-        self.source = open_source(pipeline.source, cache_rows=2 * (self.shuffle_buffer or 0) + CACHE_SLACK_ROWS)
+        self.source = open_source(pipeline.source, cache_rows=2 * (self.shuffle_buffer or 0))
         self.sampler = self._order(batch_size, seed, shuffle=shuffle, rank=rank, world_size=world_size,
                                    last_batch=parse_last_batch(last_batch))
         self.config = RunnerConfig(cut, self.device, self.sampler.batch_size, self.sampler.seed, num_threads,

@@ -24,6 +24,9 @@ from ..errors import Skipped
 from .tabular import ListColumn, MissingFileError, RowError, ScalarColumn, bad_row, check_rows
 
 
+CHUNKS_BEYOND = 4  # chunks kept besides the cache's rows: those straddling the edges of what is being read
+
+
 @dataclass
 class ChunkIndex:
     """One file's chunks, in file order: where each starts and stops (bytes, or rows of its group), its first
@@ -42,11 +45,15 @@ class ChunkIndex:
 
 
 class RowsChunk(NamedTuple):
-    """Every row of one chunk: its columns (bad rows hold zeros, missing), which rows are bad, and why."""
+    """Every row of one chunk: its columns (bad rows hold zeros, missing), which rows are bad, and why. A
+    format whose columns are all integers may give them as one block instead: ``ints`` [rows, columns] int64
+    and ``missing`` [rows, columns] bool, in the declared order (``columns`` then empty)."""
 
     columns: dict
     bad: np.ndarray
     reasons: dict
+    ints: np.ndarray | None = None
+    missing: np.ndarray | None = None
 
 
 class _Packed(NamedTuple):
@@ -97,7 +104,7 @@ class _Loading:
 
 class ChunkedTable:
     """An opened tabular source: ``num_rows`` rows over ``paths``, read by chunk through ``read(rows)``. Keeps
-    at most ``cache_rows`` rows of parsed chunks (besides the chunks being read)."""
+    at most ``cache_rows`` rows of parsed chunks, plus ``CHUNKS_BEYOND`` of the largest chunks."""
 
     def __init__(self, files: TabularFiles, reader: ChunkFormat, *, cache_rows: int):
         self.columns: tuple[Column, ...] = files.columns
@@ -105,7 +112,6 @@ class ChunkedTable:
         self.skipped: list[Skipped] = []
         self.paths = expand(files.paths)
         self.reader = reader
-        self.cache_rows = cache_rows
         indexes, self.file_of, groups = [], [], []
         for f, path in enumerate(self.paths):
             index = reader.index(path)
@@ -123,6 +129,7 @@ class ChunkedTable:
         self.chunk_groups = np.asarray([numbers.setdefault(g, len(numbers)) for g in groups], dtype=np.int64)
         self.first_row = np.concatenate([[0], np.cumsum(self.chunk_rows)[:-1]]).astype(np.int64)
         self.num_rows = int(self.chunk_rows.sum())
+        self.cache_rows = cache_rows + CHUNKS_BEYOND * int(self.chunk_rows.max(initial=0))
         if self.num_rows == 0:
             raise RowError(", ".join(self.paths), None, f"no rows ({len(self.skipped)} file(s) skipped)")
         self._ints = [c.name for c in self.columns if c.kind in (ColumnKind.INT, ColumnKind.HEX)]
@@ -180,6 +187,8 @@ class ChunkedTable:
 
     def _pack(self, chunk: RowsChunk) -> _Packed:
         n = chunk.bad.size
+        if chunk.ints is not None:
+            return _Packed(chunk.ints, np.zeros((n, 0), np.float64), chunk.missing, {}, chunk.bad, chunk.reasons)
         cols = chunk.columns
         ints = np.stack([cols[k].values for k in self._ints], axis=1) if self._ints else np.zeros((n, 0), np.int64)
         floats = np.stack([cols[k].values for k in self._floats], axis=1) if self._floats else \

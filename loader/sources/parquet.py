@@ -20,7 +20,7 @@ from .tabular import ListColumn, RowError, ScalarColumn
 from .tsv_parse import NOT_NUMBER, OK, PAD, parse_hex
 
 _INT64_MAX = float(2**63)
-CHUNK_ROWS = 1 << 12
+CHUNK_ROWS = 1 << 14
 
 
 class ParquetFormat:
@@ -154,7 +154,8 @@ def _convert(path: str, column: Column, array):
     if kind is ColumnKind.FLOAT:
         if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
             raise wrong_type("a number")
-        values = pc.fill_null(array, 0).to_numpy(zero_copy_only=False).astype(np.float64)
+        values = (pc.fill_null(array, 0) if array.null_count else array).to_numpy(zero_copy_only=False)
+        values = values.astype(np.float64)
         missing = null | np.isnan(values)
         bad = np.isinf(values) | (column.required & missing)
         return ScalarColumn(values, missing), bad, lambda row: (
@@ -173,7 +174,7 @@ def _integers(array, null: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    raw = pc.fill_null(array, 0).to_numpy(zero_copy_only=False)
+    raw = (pc.fill_null(array, 0) if array.null_count else array).to_numpy(zero_copy_only=False)
     missing = null.copy()
     if pa.types.is_floating(array.type):
         raw = raw.astype(np.float64)
