@@ -181,3 +181,29 @@ def test_shuffle_buffer_is_for_tables(days, image_dir):
         Loader(image.val(image_dir), batch_size=4, shuffle_buffer=100)
     with pytest.raises(ValueError, match="shuffle_buffer must be a positive number of rows"):
         Loader(criteo(str(days / "day_0.tsv")), batch_size=4, shuffle_buffer=0)
+
+
+def test_convert_writes_parquet_that_reads_back_the_same_rows(tmp_path):
+    from feedline.loader.cli import main
+
+    path = tmp_path / "day.tsv"
+    make_criteo(path, 5000, seed=3)
+    lines = path.read_text().splitlines()
+    lines[1234] = "not\ta\tcriteo\tline"
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["convert", "criteo", str(path), "--out", str(tmp_path / "strict"), "--no-progress"]) == 2
+    assert main(["convert", "criteo", str(path), "--out", str(tmp_path / "pq"), "--on-error", "skip",
+                 "--no-progress"]) == 0
+    assert (tmp_path / "pq" / "skipped.tsv").read_text().startswith(f"{path}:1235\texpected 40")
+    text = Loader(criteo(path, on_error="skip"), batch_size=1000, placement="cpu", shuffle=False)
+    converted = Loader(criteo(str(tmp_path / "pq" / "*.parquet")), batch_size=1000, placement="cpu", shuffle=False)
+    assert len(converted.source) == 4999
+    a = [b for b in text]
+    b = [b for b in converted]
+    keep = torch.cat([x["valid"] if "valid" in x else torch.ones(len(x["index"]), dtype=torch.bool) for x in a])
+    for key in ("label", "dense"):
+        assert torch.equal(torch.cat([x[key] for x in a])[keep], torch.cat([x[key] for x in b]))
+    ids_a = torch.cat([x["sparse"]["values"].reshape(26, -1).T for x in a])[keep]
+    ids_b = torch.cat([x["sparse"]["values"].reshape(26, -1).T for x in b])
+    assert torch.equal(ids_a, ids_b)
+    assert main(["convert", "criteo", str(path), "--out", str(tmp_path / "pq"), "--no-progress"]) == 2  # not empty
