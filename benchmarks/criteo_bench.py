@@ -59,6 +59,9 @@ def bench_criteo(path: str | os.PathLike, batch_size: int = 8192, batches: int |
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
     path = os.fspath(path)
+    if baseline and path.lower().endswith((".parquet", ".pq")):
+        raise ValueError("the pandas baseline reads Criteo TSV (read_csv, then int(x, 16) per id); for Parquet data "
+                         "pass --baseline none, or compare against the TSV it came from")
     if baseline:
         # Imported before any clock starts, so that neither side's time includes it, and before feedline's threads
         # run: pandas imports pyarrow, and a module half imported on one thread must not be seen by another.

@@ -152,6 +152,16 @@ class ChunkedTable:
         return f"{self.paths[f]}:{line}"
 
     # ---- reading ----------------------------------------------------------------------------------
+    def _load_missing(self, chunks: list[int]) -> None:
+        """Parse, one at a time, the chunks of ``chunks`` that nobody has yet or is parsing: threads reading
+        the same chunks (plans of one shuffle buffer-full) then share the parsing instead of waiting for each
+        other's."""
+        for c in chunks:
+            with self._lock:
+                if c in self._cache or c in self._loading:
+                    continue
+            self._chunk(c)
+
     def _chunk(self, c: int) -> _Packed:
         with self._lock:
             chunk = self._cache.get(c)
@@ -210,9 +220,11 @@ class ChunkedTable:
         bad = np.empty(n, dtype=bool)
         lists = {k: [] for k in self._lists}
         chunks = {}
-        for piece in np.split(order, cuts):  # the requested rows that one chunk holds
-            if not piece.size:
-                continue
+        pieces = [piece for piece in np.split(order, cuts) if piece.size]
+        needed = [int(chunk_of[piece[0]]) for piece in pieces]
+        start = threading.get_ident() % max(len(needed), 1)  # threads start at different chunks
+        self._load_missing(needed[start:] + needed[:start])
+        for piece in pieces:  # the requested rows that one chunk holds
             c = int(chunk_of[piece[0]])
             chunks[c] = chunk = self._chunk(c)
             local = rows[piece] - self.first_row[c]
