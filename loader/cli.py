@@ -103,9 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=_json_path, metavar="PATH", help="also write the results as JSON")
     bench.add_argument("--no-progress", action="store_true")
 
-    convert = sub.add_parser("convert", help="convert tabular text once to Parquet that reads faster")
+    convert = sub.add_parser("convert", help="convert tabular text once to a table that reads without parsing")
     convert_kinds = convert.add_subparsers(dest="kind", required=True)
-    convert_criteo = convert_kinds.add_parser("criteo", help="Criteo TSV (plain or gzip) -> Parquet")
+    convert_criteo = convert_kinds.add_parser("criteo", help="Criteo TSV (plain or gzip) -> a converted folder")
     convert_criteo.add_argument("inputs", nargs="+", type=_existing_path, metavar="IN",
                                 help="TSV files (or glob patterns), in order")
     convert_criteo.add_argument("--out", required=True, help="output folder (new, or empty)")
@@ -166,7 +166,7 @@ def _convert(args) -> dict:
     with tqdm(desc="convert", unit="row", unit_scale=True, disable=args.no_progress) as bar:
         result = convert(spec.source, args.out, progress=bar.update)
     result["seconds"] = round(time.perf_counter() - started, 2)
-    result["read_with"] = f"criteo({str(Path(args.out) / '*.parquet')!r})"
+    result["read_with"] = f"criteo({args.out!r})"
     return result
 
 

@@ -59,14 +59,15 @@ def _format(paths, format: str) -> FileFormat:
         try:
             return FileFormat(format)
         except ValueError:
-            raise ValueError(f"format must be 'auto', 'tsv' or 'parquet', got {format!r}") from None
+            raise ValueError(f"format must be 'auto', 'tsv', 'parquet' or 'columnar', got {format!r}") from None
     names = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths) if isinstance(paths, Sequence) else []
     if not names:
         raise TypeError(f"paths must be a path or a non-empty sequence of paths, got {paths!r}")
-    kinds = {FileFormat.PARQUET if os.fspath(p).lower().endswith(PARQUET_SUFFIXES) else FileFormat.TSV
+    kinds = {FileFormat.COLUMNAR if os.path.isdir(p) else
+             FileFormat.PARQUET if os.fspath(p).lower().endswith(PARQUET_SUFFIXES) else FileFormat.TSV
              for p in names if isinstance(p, (str, os.PathLike))}
     if len(kinds) > 1:
-        raise ValueError(f"paths mix Parquet and TSV files ({[os.fspath(p) for p in names][:4]}...); "
+        raise ValueError(f"paths mix formats (TSV, Parquet, converted folders) ({[os.fspath(p) for p in names][:4]}...); "
                          f"give one format, or pass format= explicitly")
     return kinds.pop() if kinds else FileFormat.TSV
 

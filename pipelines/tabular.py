@@ -45,6 +45,7 @@ MAX_SEED = (1 << 32) - 1
 class FileFormat(enum.Enum):
     TSV = "tsv"
     PARQUET = "parquet"
+    COLUMNAR = "columnar"  # a folder written by ``feedline convert``
 
 
 class ColumnKind(enum.Enum):
@@ -128,10 +129,11 @@ class TabularFiles:
         names = [c.name for c in self.columns]
         if len(set(names)) != len(names):
             raise ValueError(f"TabularFiles.columns: names repeat: {names}")
-        if self.format is FileFormat.TSV:
+        if self.format in (FileFormat.TSV, FileFormat.COLUMNAR):
             bad = [c.name for c in self.columns if c.kind not in TSV_KINDS]
             if bad:
-                raise TypeError(f"TabularFiles.columns {bad}: TSV files hold only int and hex columns")
+                raise TypeError(f"TabularFiles.columns {bad}: {self.format.value} files hold only int and hex "
+                                f"columns")
 
     @property
     def produces(self) -> tuple[str, ...]:

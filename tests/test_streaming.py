@@ -183,7 +183,7 @@ def test_shuffle_buffer_is_for_tables(days, image_dir):
         Loader(criteo(str(days / "day_0.tsv")), batch_size=4, shuffle_buffer=0)
 
 
-def test_convert_writes_parquet_that_reads_back_the_same_rows(tmp_path):
+def test_convert_writes_a_table_that_reads_back_the_same_rows(tmp_path):
     from feedline.loader.cli import main
 
     path = tmp_path / "day.tsv"
@@ -196,7 +196,7 @@ def test_convert_writes_parquet_that_reads_back_the_same_rows(tmp_path):
                  "--no-progress"]) == 0
     assert (tmp_path / "pq" / "skipped.tsv").read_text().startswith(f"{path}:1235\texpected 40")
     text = Loader(criteo(path, on_error="skip"), batch_size=1000, placement="cpu", shuffle=False)
-    converted = Loader(criteo(str(tmp_path / "pq" / "*.parquet")), batch_size=1000, placement="cpu", shuffle=False)
+    converted = Loader(criteo(tmp_path / "pq"), batch_size=1000, placement="cpu", shuffle=False)
     assert len(converted.source) == 4999
     a = [b for b in text]
     b = [b for b in converted]
@@ -207,3 +207,23 @@ def test_convert_writes_parquet_that_reads_back_the_same_rows(tmp_path):
     ids_b = torch.cat([x["sparse"]["values"].reshape(26, -1).T for x in b])
     assert torch.equal(ids_a, ids_b)
     assert main(["convert", "criteo", str(path), "--out", str(tmp_path / "pq"), "--no-progress"]) == 2  # not empty
+
+
+def test_a_converted_table_streams_resumes_and_shards_like_the_text(tmp_path):
+    from feedline.loader.sources.convert import convert
+
+    make_criteo(tmp_path / "a.tsv", 9000, seed=1)
+    make_criteo(tmp_path / "b.tsv", 4000, seed=2)
+    text = criteo([str(tmp_path / "a.tsv"), str(tmp_path / "b.tsv")])
+    convert(text.source, tmp_path / "conv")
+    converted = criteo(tmp_path / "conv")
+    a = Loader(text, batch_size=1000, placement="cpu", shuffle=False)
+    b = Loader(converted, batch_size=1000, placement="cpu", shuffle=False)
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x["index"], y["index"]) and torch.equal(x["dense"], y["dense"])
+        assert torch.equal(x["sparse"]["values"], y["sparse"]["values"]) and torch.equal(x["label"], y["label"])
+    check_save_restore(lambda: Loader(converted, batch_size=700, placement="cpu", seed=5, rank=1, world_size=2,
+                                      shuffle_buffer=3000))
+    (tmp_path / "conv" / "rows.bin").write_bytes(b"short")
+    with pytest.raises(DataError, match="rows.bin: is missing or not"):
+        open_source(converted.source)

@@ -22,6 +22,9 @@ def open_source(declared, *, cache_rows: int = 1 << 18) -> ImageFiles | ChunkedT
         if declared.format is FileFormat.TSV:
             from .tsv import TsvFormat
             return ChunkedTable(declared, TsvFormat(declared.columns), cache_rows=cache_rows)
+        if declared.format is FileFormat.COLUMNAR:
+            from .columnar import ColumnarFormat
+            return ChunkedTable(declared, ColumnarFormat(declared.columns), cache_rows=cache_rows)
         from .parquet import ParquetFormat
         return ChunkedTable(declared, ParquetFormat(declared.columns), cache_rows=cache_rows)
     raise TypeError(f"a pipeline's source must be an image folder, a file list or tabular files, "

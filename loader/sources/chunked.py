@@ -88,7 +88,7 @@ def expand(paths: tuple[str, ...]) -> list[str]:
             if not matched:
                 raise MissingFileError(path, None, "no file matches this pattern")
             out += matched
-        elif not os.path.isfile(path):
+        elif not os.path.exists(path):
             raise MissingFileError(path)
         else:
             out.append(path)
@@ -140,7 +140,7 @@ class ChunkedTable:
         self._loading: dict[int, _Loading] = {}
         self._lock = threading.Lock()
         self._met_bad: set[int] = set()
-        self.bytes_per_row = sum(os.path.getsize(p) for p in self.paths) / self.num_rows
+        self.bytes_per_row = sum(_size(p) for p in self.paths) / self.num_rows
 
     def __len__(self) -> int:
         return self.num_rows
@@ -262,6 +262,13 @@ class ChunkedTable:
 
     def chunks_in_memory(self) -> int:
         return len(self._cache)
+
+
+def _size(path: str) -> int:
+    """Bytes of a file, or of the files directly in a folder (a converted table)."""
+    if os.path.isdir(path):
+        return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+    return os.path.getsize(path)
 
 
 def take(col, rows: np.ndarray):
