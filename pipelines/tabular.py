@@ -132,8 +132,8 @@ class TabularFiles:
         if self.format in (FileFormat.TSV, FileFormat.COLUMNAR):
             bad = [c.name for c in self.columns if c.kind not in TSV_KINDS]
             if bad:
-                raise TypeError(f"TabularFiles.columns {bad}: {self.format.value} files hold only int and hex "
-                                f"columns")
+                what = "TSV files" if self.format is FileFormat.TSV else "converted tables"
+                raise TypeError(f"TabularFiles.columns {bad}: {what} hold only int and hex columns")
 
     @property
     def produces(self) -> tuple[str, ...]:

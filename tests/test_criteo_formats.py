@@ -74,7 +74,7 @@ def test_explicit_format(files, reference):
 
 
 def test_mixed_formats_need_an_explicit_format(files):
-    with pytest.raises(ValueError, match="mix Parquet and TSV"):
+    with pytest.raises(ValueError, match="paths mix formats"):
         criteo([files["tsv"], files["hex_parquet"]])
 
 
