@@ -6,7 +6,7 @@ STAMP := $(VENV)/.feedline-installed
 BENCH_DATA ?= data/images
 BENCH_COUNT ?= 2000
 
-.PHONY: setup bench test clean
+.PHONY: setup bench bench-remote test clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,11 @@ $(STAMP): pyproject.toml requirements-dev.txt requirements-torchrec.txt
 bench: setup
 	test -f $(BENCH_DATA)/.feedline-data || $(VENV)/bin/feedline make-data images --out $(BENCH_DATA) --count $(BENCH_COUNT) --classes 10 --seed 0
 	$(VENV)/bin/feedline bench --pipeline image-train --data $(BENCH_DATA) --baseline torchvision --trainer-step-ms auto --json bench-image-train.json
+
+# Ray binds the machine's interface address; where only loopback is allowed it runs in a namespace with only lo.
+bench-remote: setup
+	test -f $(BENCH_DATA)/.feedline-data || $(VENV)/bin/feedline make-data images --out $(BENCH_DATA) --count $(BENCH_COUNT) --classes 10 --seed 0
+	unshare -rn sh -c 'ip link set lo up && exec $(VENV)/bin/feedline bench --pipeline image-train --data $(BENCH_DATA) --remote-workers 1 --json bench-remote-image-train.json'
 
 test: setup
 	$(PY) -m pytest -q tests

@@ -1,6 +1,7 @@
 """Running pipelines: the Loader, placement, the scheduler and the CLI."""
 from .errors import DataError, PlacementError
 from .loader import Loader
+from .runners.remote import RayWorkers
 from .sampler import LastBatch
 
-__all__ = ["Loader", "LastBatch", "DataError", "PlacementError"]
+__all__ = ["Loader", "LastBatch", "RayWorkers", "DataError", "PlacementError"]

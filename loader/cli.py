@@ -121,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--batches", type=_positive_int, default=None, help="batches timed for the measured rate")
     plan.add_argument("--output", choices=("float", "uint8"), default="float", help="image output format")
     plan.add_argument("--json", type=_json_path, metavar="PATH", help="also write the plan as JSON")
+    for command in (bench, plan):
+        command.add_argument("--remote-workers", type=_positive_int, default=None, metavar="N",
+                             help="add N Ray workers (pip install 'feedline[ray]'); the cluster is RAY_ADDRESS's "
+                                  "or --ray-address, else a local one")
+        command.add_argument("--cpus-per-worker", type=_positive_int, default=1)
+        command.add_argument("--ray-address", default=None, metavar="HOST:PORT")
     return parser
 
 
@@ -128,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    if args.command in ("bench", "plan") and args.remote_workers is None and (
+            args.cpus_per_worker != 1 or args.ray_address is not None):
+        parser.error("--cpus-per-worker and --ray-address apply with --remote-workers")
     try:
         if args.command == "make-data":
             if args.kind == "images" and args.shard_size is not None and args.format != "webdataset":
@@ -143,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         else:
             result = _bench(parser, args)
-    except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, NotADirectoryError, ConnectionError, ImportError) as exc:
         print(f"feedline {args.command}: error: {exc}", file=sys.stderr)
         return 2
     print(format_table(result))
@@ -187,6 +196,18 @@ def _bench(parser: argparse.ArgumentParser, args) -> dict:
         return bench_hash()
     if args.data is None:
         parser.error(f"--pipeline {args.pipeline} needs --data (make one with `feedline make-data`)")
+    if args.remote_workers is not None:
+        if args.placement != "cpu" or args.baseline not in (None, "none"):
+            parser.error("--remote-workers compares the CPU placement with and without the workers; it takes no "
+                         "--placement or --baseline")
+        from ..benchmarks.remote_bench import bench_remote
+        criteo = args.pipeline == "criteo"
+        return bench_remote(_spec(args.pipeline, args.data, args.output),
+                            batch_size=args.batch_size or (8192 if criteo else 64),
+                            remote_workers=args.remote_workers, cpus_per_worker=args.cpus_per_worker,
+                            address=args.ray_address, batches=args.batches or (100 if criteo else 150),
+                            rounds=args.rounds or 5, trainer_step_ms=args.trainer_step_ms,
+                            progress=not args.no_progress)
     if args.placement == "auto":
         if args.trainer_step_ms is not None:
             parser.error("--trainer-step-ms applies to a fixed --placement (cpu or gpu), not to --placement auto, "
@@ -241,13 +262,18 @@ def _plan(args) -> dict:
     spec = _spec(args.pipeline, args.data, args.output)
     batch_size = args.batch_size or (8192 if args.pipeline == "criteo" else 64)
     device = "cuda" if gpu_available() else "cpu"
-    loader = Loader(spec, batch_size, placement="auto", device=device, last_batch="drop")
+    remote = None
+    if args.remote_workers is not None:
+        from .runners.remote import RayWorkers
+        remote = RayWorkers(args.remote_workers, args.cpus_per_worker, args.ray_address)
+    loader = Loader(spec, batch_size, placement="auto", device=device, last_batch="drop", remote=remote)
     stream = endless(lambda: loader)
     for _ in range(2):  # the first iteration profiles and places; then a warm-up batch
         next(stream)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     measured = measure_loader(lambda: stream, args.batches or 10, 0, sync=sync)["samples_per_s"]
     stream.close()
+    loader.close()
     report = loader.plan
     report["measured_samples_per_s"] = measured
     report["pipeline"] = spec.name

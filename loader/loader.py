@@ -17,8 +17,10 @@ from .cursor import Cursor
 from .devices import available_cores, gpu_available, is_gpu_failure, parse_device
 from .errors import OnError, PlacementError, Skipped, parse_on_error
 from .placement import resolve
-from .placement.auto import AutoPlacement
+from .placement.auto import PROBE_SEED, AutoPlacement
+from .placement.remote import RemoteDecision, decide as decide_remote, remote_report
 from .runners import Runner, RunnerConfig, make_runner
+from .runners.remote import RayWorkers, RemoteRunner, available_workers, connect, receive_seconds
 from .sampler import STATE_VERSION, EpochSampler, LastBatch, parse_last_batch
 from ..pipelines.tabular import TabularFiles
 from .sources import ChunkedTable, open_source
@@ -47,7 +49,7 @@ class Loader:
                  last_batch: LastBatch | str = LastBatch.PARTIAL, rank: int | None = None,
                  world_size: int | None = None, num_threads: int | None = None, prefetch: int = 2,
                  on_error: OnError | str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS,
-                 shuffle_buffer: int | None = None):
+                 shuffle_buffer: int | None = None, remote: RayWorkers | None = None):
         if not isinstance(pipeline, PipelineSpec):
             raise TypeError(f"pipeline must be a feedline pipeline definition (e.g. feedline.pipelines.image.train"
                             f"(...)), got {type(pipeline).__name__}")
@@ -73,6 +75,13 @@ class Loader:
                                      f"batches arrive on the GPU; use device='cuda' (or leave device unset), or "
                                      f"placement='cpu'")
             cut = pipeline.all_cpu  # the trainer wants CPU tensors: keep the whole pipeline there
+        if remote is not None and not isinstance(remote, RayWorkers):
+            raise TypeError(f"remote must be a feedline.loader.RayWorkers, got {type(remote).__name__}")
+        if remote is not None and cut < pipeline.all_cpu:
+            if placement != "auto":
+                raise PlacementError(f"remote workers run the CPU placement of a pipeline; placement "
+                                     f"{pipeline.describe_cut(cut)!r} puts stages on the GPU")
+            cut = pipeline.all_cpu
         self.device = torch.device("cuda") if device is None and cut < pipeline.all_cpu else requested_device
         streamed = isinstance(pipeline.source, TabularFiles)
         if shuffle_buffer is not None and not streamed:
@@ -87,8 +96,12 @@ class Loader:
                                    last_batch=parse_last_batch(last_batch))
         self.config = RunnerConfig(cut, self.device, self.sampler.batch_size, self.sampler.seed, num_threads,
                                    prefetch, self.on_error, max_pixels)
-        self._auto = AutoPlacement(pipeline, self.config, self._runner_for, self._probe_order, num_threads) \
-            if placement == "auto" else None
+        self.remote = remote
+        self._remote_workers = remote  # those used: with placement="auto", as many as pay (decided at the start)
+        self.remote_decision: RemoteDecision | None = None
+        self._use_remote = remote is not None and placement != "auto"  # auto decides after profiling
+        self._auto = AutoPlacement(pipeline, self.config, self._local_runner, self._probe_order, num_threads,
+                                   cpu_only=remote is not None) if placement == "auto" else None
         self._runner: Runner = self._runner_for(self.config)
         self._earlier_skips: list[Skipped] = []  # listed by runners this Loader has since replaced
         self.cursor = Cursor()
@@ -111,8 +124,13 @@ class Loader:
                              f"(e.g. criteo(..., on_error={chosen.value!r}))")
         return chosen
 
-    def _runner_for(self, config: RunnerConfig) -> Runner:
+    def _local_runner(self, config: RunnerConfig) -> Runner:
         return make_runner(self.pipeline, self.source, config)
+
+    def _runner_for(self, config: RunnerConfig) -> Runner:
+        if self._use_remote:
+            return RemoteRunner(self.pipeline, self.source, config, self._remote_workers, self._local_runner)
+        return self._local_runner(config)
 
     def _order(self, batch_size: int, seed: int, **kwargs):
         """The order of this Loader's source: an exact permutation of samples, or, for a streamed table,
@@ -188,7 +206,10 @@ class Loader:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         self.cursor.begin()
         if self._auto is not None and self._auto.plan is None:
-            self._follow(self._auto.start())
+            plan = self._auto.start()
+            if self.remote is not None:
+                self._decide_remote(plan)
+            self._follow(plan)
         if self._stream is None or self._stream_at != self.cursor.next_sample:
             self._open_stream()
         epoch, samples, padding, skipped = self.cursor.epoch, 0, 0, 0
@@ -236,6 +257,27 @@ class Loader:
                 self._close_stream()
                 raise
 
+    def _decide_remote(self, plan) -> None:
+        """With ``placement="auto"``: how many remote workers to add to the local plan (none unless the CPU
+        limits it), from its measured cost per batch and the measured cost of receiving one (``placement.remote``)."""
+        ray = connect(self.remote)
+        probe = self._local_runner(dataclasses.replace(self.config, cut=plan.cut, num_threads=1, seed=PROBE_SEED))
+        batches = probe.batches(iter(self._probe_order(self.config.batch_size, PROBE_SEED).epoch(0)))
+        try:
+            sample = next(batch for batch, _ in batches if batch is not None)
+        finally:
+            batches.close()
+            probe.close()
+        decision = decide_remote(plan, workers=self.remote.num_workers, cpus_per_worker=self.remote.cpus_per_worker,
+                                 available_workers=available_workers(ray, self.remote),
+                                 transfer_s=receive_seconds(ray, sample, self.device))
+        self.remote_decision = decision
+        log.info("feedline: remote workers %s", decision.why)
+        if decision.workers:
+            self._use_remote = True
+            self._remote_workers = dataclasses.replace(self.remote, num_workers=decision.workers)
+            self._move(self.cut, self.num_threads, self.prefetch)  # the runner made so far does not deal plans out
+
     def _follow(self, plan) -> None:
         if (plan.cut, plan.threads, plan.prefetch) != (self.cut, self.num_threads, self.prefetch):
             self._move(plan.cut, plan.threads, plan.prefetch)
@@ -259,10 +301,13 @@ class Loader:
     def plan(self) -> dict[str, Any]:
         """The current placement decision: with ``placement="auto"``, the scheduler's plan, the measurements
         behind it and the history of changes; otherwise the fixed placement."""
-        if self._auto is not None:
-            return self._auto.report()
-        return {"placement": self.pipeline.describe_cut(self.cut), "cut": self.cut, "threads": self.num_threads,
-                "prefetch": self.prefetch, "stages": self.placement, "fallbacks": list(self.fallbacks)}
+        report = self._auto.report() if self._auto is not None else {
+            "placement": self.pipeline.describe_cut(self.cut), "cut": self.cut, "threads": self.num_threads,
+            "prefetch": self.prefetch, "stages": self.placement, "fallbacks": list(self.fallbacks)}
+        if self.remote is not None:
+            report["remote"] = remote_report(self.remote, self._remote_workers if self._use_remote else None,
+                                             self.remote_decision)
+        return report
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: loading it into a Loader of the same configuration resumes at the next batch."""

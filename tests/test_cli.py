@@ -17,6 +17,12 @@ from feedline.loader.cli import main
     (["bench", "--pipeline", "criteo", "--data", ".", "--baseline", "torchvision"], "--baseline torchvision applies"),
     (["bench", "--op", "hash", "--json", "/no/such/folder/out.json"], "folder '/no/such/folder' does not exist"),
     (["plan", "--pipeline", "criteo"], "the following arguments are required: --data"),
+    (["bench", "--pipeline", "image-train", "--data", ".", "--cpus-per-worker", "2"], "apply with --remote-workers"),
+    (["plan", "--pipeline", "criteo", "--data", ".", "--ray-address", "h:1"], "apply with --remote-workers"),
+    (["bench", "--pipeline", "image-train", "--data", ".", "--remote-workers", "1", "--placement", "gpu"],
+     "--remote-workers compares the CPU placement"),
+    (["bench", "--pipeline", "image-train", "--data", ".", "--remote-workers", "0"], "--remote-workers: expected a "
+                                                                                      "positive integer, got 0"),
 ])
 def test_bad_flags_are_named(argv, message, capsys):
     with pytest.raises(SystemExit) as info:

@@ -32,12 +32,13 @@ class AutoPlacement:
     seed. Probes and profiling run on runners and orders of their own, never on the Loader's."""
 
     def __init__(self, spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, orders: OrderFactory,
-                 cores: int, *, replan_every_s: float = REPLAN_EVERY_S, clock: Callable[[], float] = time.monotonic):
+                 cores: int, *, replan_every_s: float = REPLAN_EVERY_S, clock: Callable[[], float] = time.monotonic,
+                 cpu_only: bool = False):
         device, batch_size = config.device, config.batch_size
         on_gpu = device.type == "cuda" and gpu_available()
         # Without a GPU every GPU cut is ruled out by the readings (and says so); with one, batches wanted on
-        # the CPU keep the whole pipeline there.
-        cuts = [spec.all_cpu] if gpu_available() and not on_gpu else spec.valid_cuts()
+        # the CPU (or made with remote workers, which run the CPU placement) keep the whole pipeline there.
+        cuts = [spec.all_cpu] if cpu_only or (gpu_available() and not on_gpu) else spec.valid_cuts()
         self.spec = spec
         self.config = config
         self.runners = runners

@@ -108,6 +108,10 @@ def format_plan(data: dict) -> str:
                      f"{format_bytes(g['memory_free_bytes'])} of {format_bytes(g['memory_total_bytes'])} free")
     lines.append(f"CPU        {data['cores']} cores, trainer uses {data['trainer_cpu_cores_busy']:.1f}")
     lines.append(f"why        {data['reason']}")
+    remote = data.get("remote")
+    if remote is not None:
+        lines.append(f"remote     {remote['used_workers']} of {remote['workers']} Ray worker(s) of "
+                     f"{remote['cpus_per_worker']} CPU(s) {remote['why']}")
     return "\n".join(lines)
 
 

@@ -120,6 +120,7 @@ class ImageRunner:
         self.prefetch = config.prefetch
         self.on_error = config.on_error
         self.max_pixels = config.max_pixels
+        self.isolated_plans = config.isolated_plans
         import nvidia.dali  # noqa: F401  (now, on this thread: its exit hook must be registered before the Loader's)
 
         self.graph = image_graph.plan(spec, config.cut, infer_types(spec.stages[1:]))
@@ -174,6 +175,8 @@ class ImageRunner:
         bad ones. Where the epoch runs out of samples first, the rest of the batch is padding, and so are any
         batches still planned: every rank makes exactly its planned batches of their planned sizes (a DDP job
         cannot hang on a rank that skipped more)."""
+        if self.isolated_plans:
+            return self._assemble_plan()
         first = self._queue.peek()
         before = dataclasses.replace(self._fill) if self._fill is not None else None
         fill = self._fill
@@ -183,22 +186,8 @@ class ImageRunner:
             fill = self._fill = EpochFill(first.epoch, first.batch, first.shard, from_start=first.position == 0)
         target = self.batch_size if fill.shard is None else min(self.batch_size,
                                                                  fill.shard - fill.batch * self.batch_size)
-        taken, good, encoded, sizes = [], [], [], []
-        while len(good) < target:
-            sample = self._queue.peek()
-            if sample is None or sample.epoch != fill.epoch:
-                break
-            taken.append(self._queue.pop())
-            try:
-                data, size = self._read(sample)
-            except DataError as err:
-                if self.on_error is OnError.RAISE:
-                    raise
-                self._skip(err, sample)
-                continue
-            good.append(sample)
-            encoded.append(data)
-            sizes.append(size)
+        taken, good, encoded, sizes = self._take(lambda sample, good: len(good) < target and
+                                                 sample.epoch == fill.epoch)
         after = self._queue.peek()
         run_out = after is None or after.epoch != fill.epoch
         fill.batch += 1
@@ -211,10 +200,48 @@ class ImageRunner:
         padded = run_out and fill.shard is not None
         end = fill.shard if padded else taken[-1].position + 1
         info = BatchInfo(fill.epoch, end, fill.finished, skipped=len(taken) - len(good))
-        batch = HostBatch(taken, good, info, target - len(good) if padded else 0, before)
-        if good:
-            indices = np.array([s.index for s in good], dtype=np.int64)
-            batch.params, batch.pixels = self._sample(fill.epoch, indices,
+        return self._prepare(HostBatch(taken, good, info, target - len(good) if padded else 0, before), encoded,
+                             sizes)
+
+    def _assemble_plan(self) -> HostBatch | None:
+        """The next plan's batch from its own samples: those a bad sample leaves empty are padding, after the
+        good ones (see ``RunnerConfig.isolated_plans``)."""
+        first = self._queue.peek()
+        if first is None:
+            return None
+        taken, good, encoded, sizes = self._take(lambda sample, good: (sample.epoch, sample.batch) ==
+                                                 (first.epoch, first.batch))
+        end = taken[-1].position + 1
+        after = self._queue.peek()
+        last = end >= first.shard if first.shard is not None else (after is None or after.epoch != first.epoch)
+        info = BatchInfo(first.epoch, end, last, skipped=len(taken) - len(good))
+        return self._prepare(HostBatch(taken, good, info, len(taken) - len(good)), encoded, sizes)
+
+    def _take(self, more) -> tuple[list, list, list, list]:
+        """Samples off the queue while ``more(sample, good so far)``, each read: taken, the good ones, their
+        bytes and sizes (a bad one raises, or with on_error="skip" is listed and left out)."""
+        taken, good, encoded, sizes = [], [], [], []
+        while True:
+            sample = self._queue.peek()
+            if sample is None or not more(sample, good):
+                return taken, good, encoded, sizes
+            taken.append(self._queue.pop())
+            try:
+                data, size = self._read(sample)
+            except DataError as err:
+                if self.on_error is OnError.RAISE:
+                    raise
+                self._skip(err, sample)
+                continue
+            good.append(sample)
+            encoded.append(data)
+            sizes.append(size)
+
+    def _prepare(self, batch: HostBatch, encoded: list, sizes: list) -> HostBatch:
+        """``batch`` with its good samples' stage parameters and DALI feeds."""
+        if batch.good:
+            indices = np.array([s.index for s in batch.good], dtype=np.int64)
+            batch.params, batch.pixels = self._sample(batch.info.epoch, indices,
                                                       np.array(sizes, dtype=np.int64).reshape(-1, 2))
             batch.feeds = image_graph.feeds(self.graph, encoded, batch.params)
         return batch

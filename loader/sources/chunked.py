@@ -129,6 +129,7 @@ class ChunkedTable:
         self.chunk_groups = np.asarray([numbers.setdefault(g, len(numbers)) for g in groups], dtype=np.int64)
         self.first_row = np.concatenate([[0], np.cumsum(self.chunk_rows)[:-1]]).astype(np.int64)
         self.num_rows = int(self.chunk_rows.sum())
+        self.requested_cache_rows = cache_rows  # what open_source was given: another process opens it alike
         self.cache_rows = cache_rows + CHUNKS_BEYOND * int(self.chunk_rows.max(initial=0))
         if self.num_rows == 0:
             raise RowError(", ".join(self.paths), None, f"no rows ({len(self.skipped)} file(s) skipped)")

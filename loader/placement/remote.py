@@ -1,0 +1,75 @@
+"""How many remote workers to add to a CPU-bound plan, from the plan's measured CPU cost per batch and the
+measured cost of receiving a batch through Ray's object store.
+
+The deal is fixed (``runners.remote``): of every ``L + R`` plans, the ``L`` local threads make ``L`` and the
+remote cores ``R``. The local threads also receive every remote batch (wait on the object store, copy out
+of it), ``t_x`` seconds each, so one round takes ``max((L*t_b + R*t_x) / L, t_b)`` seconds for ``L + R``
+batches of ``t_b`` CPU seconds each. Adding cores pays while ``t_x < t_b``; past the point where receiving
+saturates the local threads it stops paying, so the fewest workers within ``ENOUGH`` of the best are used.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .scheduler import Plan
+
+ENOUGH = 0.95
+
+
+@dataclass(frozen=True)
+class RemoteDecision:
+    workers: int                  # remote workers to use; 0: none
+    samples_per_s: float          # predicted with them
+    local_samples_per_s: float    # predicted without
+    batch_s: float                # CPU seconds to make one batch
+    transfer_s: float             # local seconds to receive one remote batch (object store and copy)
+    why: str
+
+
+def rate(local_threads: int, remote_cores: int, batch_s: float, transfer_s: float, batch_size: int) -> float:
+    """Samples per second with ``local_threads`` local and ``remote_cores`` remote cores (see the module)."""
+    round_s = max((local_threads * batch_s + remote_cores * transfer_s) / local_threads, batch_s)
+    return (local_threads + remote_cores) * batch_size / round_s
+
+
+def decide(plan: Plan, *, workers: int, cpus_per_worker: int, available_workers: int,
+           transfer_s: float) -> RemoteDecision:
+    """Remote workers for ``plan`` (the CPU placement, profiled locally): none unless the CPU is its
+    bottleneck, at most ``available_workers`` (those the cluster has CPUs for on other machines)."""
+    batch_size = plan.batch_size
+    batch_s = plan.prediction.cpu_core_s_per_sample * batch_size
+    local = rate(plan.threads, 0, batch_s, transfer_s, batch_size)
+
+    def none(why: str) -> RemoteDecision:
+        return RemoteDecision(0, local, local, batch_s, transfer_s, why)
+
+    if plan.prediction.bottleneck != "cpu":
+        return none(f"not used: the plan is bound by {plan.prediction.bottleneck}, not the CPU")
+    if available_workers < 1:
+        return none(f"not used: the Ray cluster has no {cpus_per_worker} free CPU(s) for a worker on another "
+                    f"machine (workers on this one would take the local threads' cores)")
+    if transfer_s >= batch_s:
+        return none(f"not used: receiving a batch ({transfer_s * 1e3:.1f} ms) costs the trainer's host as much "
+                    f"as making it ({batch_s * 1e3:.1f} ms)")
+    usable = min(workers, available_workers)
+    rates = [rate(plan.threads, k * cpus_per_worker, batch_s, transfer_s, batch_size) for k in range(usable + 1)]
+    chosen = next(k for k, r in enumerate(rates) if r >= ENOUGH * rates[-1])
+    capped = f" (the cluster has CPUs for {available_workers} of {workers})" if available_workers < workers else ""
+    more = "" if chosen == usable else f"; more would wait on the {plan.threads} local threads receiving batches"
+    return RemoteDecision(chosen, rates[chosen], local, batch_s, transfer_s, (
+        f"used: the plan is bound by the CPU; {chosen} worker(s){capped} predicted {rates[chosen]:,.0f} samples/s "
+        f"against {local:,.0f} locally (a batch costs {batch_s * 1e3:.1f} ms to make, {transfer_s * 1e3:.2f} ms "
+        f"to receive){more}"))
+
+
+def remote_report(requested, used, decision: RemoteDecision | None) -> dict:
+    """The remote part of ``Loader.plan``: workers asked for (``RayWorkers``), those used (or None) and why."""
+    out = {"workers": requested.num_workers, "cpus_per_worker": requested.cpus_per_worker,
+           "used_workers": used.num_workers if used is not None else 0}
+    if decision is None:
+        out["why"] = "used: a fixed CPU placement runs on every worker asked for"
+        return out
+    out.update(why=decision.why, predicted_samples_per_s=decision.samples_per_s,
+               predicted_local_samples_per_s=decision.local_samples_per_s,
+               batch_seconds=decision.batch_s, receive_seconds=decision.transfer_s)
+    return out

@@ -1,0 +1,130 @@
+"""Remote workers on Ray (RayWorkers): every scenario runs in one child process (one local cluster), inside a
+private network namespace where only loopback is up; these machines allow no other traffic, and Ray uses the
+machine's interface address whenever it has one."""
+import ipaddress
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import write_images
+from feedline.benchmarks.data.criteo import make_criteo
+from feedline.loader import RayWorkers
+
+pytest.importorskip("ray", reason="Ray is not installed (pip install 'feedline[ray]')")
+
+SCENARIOS = Path(__file__).with_name("ray_scenarios.py")
+
+
+def _namespace_prefix() -> list[str]:
+    """The command prefix for a namespace with only ``lo`` up, or a skip saying why there cannot be one."""
+    if shutil.which("unshare") is None:
+        pytest.skip("Ray tests need `unshare` (util-linux) for a loopback-only network namespace")
+    for prefix in (["unshare", "-n"], ["unshare", "-rn"]):
+        probe = subprocess.run([*prefix, "sh", "-c", "ip link set lo up 2>/dev/null || ifconfig lo up"],
+                               capture_output=True, text=True)
+        if probe.returncode == 0:
+            return prefix
+    pytest.skip(f"Ray tests need a private network namespace and `unshare` is not permitted here: "
+                f"{probe.stderr.strip()}")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    prefix = _namespace_prefix()
+    data = tmp_path_factory.mktemp("remote")
+    write_images(data / "images", 37, classes=3)
+    bad = write_images(data / "bad_images", 14, classes=2, seed=5)
+    bad[6].write_bytes(b"this is not an image")
+    make_criteo(data / "criteo.tsv", rows=3000, seed=0)
+    out = data / "report.json"
+    script = f'ip link set lo up 2>/dev/null || ifconfig lo up; exec "$0" "$1" "$2" "$3"'
+    run = subprocess.run([*prefix, "sh", "-c", script, sys.executable, str(SCENARIOS), str(data), str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
+    report = json.loads(out.read_text())
+    report["bad_index"] = sorted(str(p) for p in (data / "bad_images").rglob("*.jpg")).index(str(bad[6]))
+    report["bad_path"] = str(bad[6])
+    return report
+
+
+def test_image_batches_equal_the_local_loaders(report):
+    assert report["remote_batches"] > 0
+    assert report["images_remote"] == report["images_local"]
+    assert len(report["images_local"]) == 2 * 10  # 37 images, batches of 4, two epochs
+
+
+def test_criteo_batches_equal_the_local_loaders(report):
+    assert report["criteo_remote"] == report["criteo_local"]
+    assert len(report["criteo_local"]) == 2 * 12  # 3000 rows, batches of 256
+
+
+def test_a_worker_killed_mid_epoch_loses_and_repeats_nothing(report):
+    before, after = report["killed_pids"]
+    assert before != after  # Ray restarted the actor
+    assert report["killed"] == report["images_local"]
+
+
+def test_resume_from_a_state_saved_with_remote_workers(report):
+    assert report["resumed"] == report["images_local"]
+
+
+def test_skips_made_by_workers_land_in_loader_skipped(report):
+    bad = report["bad_index"]
+    assert sorted(report["skip_valid"]) == [i for i in range(14) if i != bad]
+    assert report["skip_listed"] == [report["bad_path"]]
+    planned, made = report["skip_len"]
+    assert planned == made == 4
+
+
+def test_two_ranks_each_with_its_own_workers(report):
+    ranks = report["ranks"]
+    assert all(r["equal"] for r in ranks)
+    union = sorted(i for r in ranks for i in r["valid"])
+    assert union == list(range(37))
+
+
+def test_auto_adds_no_workers_on_the_trainers_own_machine(report):
+    batches, remote = report["auto_single_node"]
+    assert batches == report["images_local"][:10]
+    assert remote["used_workers"] == 0 and "another machine" in remote["why"]
+
+
+def test_auto_adds_workers_on_another_node_where_the_cpu_limits(report):
+    batches, remote, remote_batches = report["auto_two_nodes"]
+    assert batches == report["images_local"][:10]
+    assert remote["used_workers"] == 2 and remote["why"].startswith("used: the plan is bound by the CPU")
+    assert remote["receive_seconds"] > 0 and remote["predicted_samples_per_s"] > remote["predicted_local_samples_per_s"]
+    assert remote_batches > 0
+
+
+def test_ray_uses_loopback_only(report):
+    assert report["sockets"], "no sockets of Ray's processes were seen"
+    # A socket listening on every address (0.0.0.0, ::) is reached on loopback only where there is no other link.
+    assert set(report["interfaces"]) == {"lo"}, report["interfaces"]
+    for local, remote, status in report["sockets"]:
+        for address in (local, remote):
+            if address is None:
+                continue
+            ip = ipaddress.ip_address(address)
+            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+                ip = ip.ipv4_mapped
+            assert ip.is_loopback or (ip.is_unspecified and status == "LISTEN"), (local, remote, status)
+
+
+def test_an_unreachable_cluster_is_named_at_once(report):
+    message, seconds = report["unreachable"]
+    assert "127.0.0.1:9" in message
+    assert seconds < 30
+
+
+def test_worker_arguments_are_checked():
+    with pytest.raises(ValueError, match="num_workers must be a positive integer"):
+        RayWorkers(num_workers=0)
+    with pytest.raises(ValueError, match="cpus_per_worker"):
+        RayWorkers(cpus_per_worker=1.5)
+    with pytest.raises(ValueError, match="address"):
+        RayWorkers(address="")

@@ -1,0 +1,83 @@
+"""How many Ray workers placement="auto" adds (loader/placement/remote.py): its rate model against a
+simulation of the deal, and its decisions."""
+import heapq
+from types import SimpleNamespace
+
+import pytest
+
+from feedline.loader.placement.remote import decide, rate
+
+
+def simulated_rate(local: int, remote: int, batch_s: float, transfer_s: float, batch_size: int,
+                   rounds: int = 400) -> float:
+    """The deal run out: every round, ``local`` plans made on the local cores and ``remote`` on the remote ones,
+    each remote batch then received on a local core; jobs go to the core free first."""
+    local_free = [0.0] * local
+    remote_free = [0.0] * remote
+    for _ in range(rounds):
+        for _ in range(local):
+            heapq.heappush(local_free, heapq.heappop(local_free) + batch_s)
+        for _ in range(remote):
+            made = heapq.heappop(remote_free) + batch_s
+            heapq.heappush(remote_free, made)
+            free = heapq.heappop(local_free)
+            heapq.heappush(local_free, max(free, made) + transfer_s)
+    end = max(local_free + remote_free)
+    return rounds * (local + remote) * batch_size / end
+
+
+@pytest.mark.parametrize("local,remote,batch_s,transfer_s", [
+    (1, 1, 0.1, 0.01), (1, 4, 0.1, 0.02), (2, 2, 0.05, 0.05), (3, 8, 0.02, 0.004), (1, 8, 0.1, 0.03),
+])
+def test_the_rate_model_matches_the_simulated_deal(local, remote, batch_s, transfer_s):
+    assert rate(local, remote, batch_s, transfer_s, 64) == pytest.approx(
+        simulated_rate(local, remote, batch_s, transfer_s, 64), rel=0.03)
+
+
+def plan(bottleneck="cpu", threads=1, batch_size=64, cpu_s_per_sample=0.1 / 64):
+    return SimpleNamespace(batch_size=batch_size, threads=threads,
+                           prediction=SimpleNamespace(bottleneck=bottleneck, cpu_core_s_per_sample=cpu_s_per_sample))
+
+
+def test_no_workers_unless_the_cpu_is_the_bottleneck():
+    d = decide(plan("gpu"), workers=4, cpus_per_worker=1, available_workers=4, transfer_s=0.001)
+    assert d.workers == 0 and "bound by gpu" in d.why
+
+
+def test_no_workers_where_the_cluster_has_no_other_machine():
+    d = decide(plan(), workers=4, cpus_per_worker=2, available_workers=0, transfer_s=0.001)
+    assert d.workers == 0 and "another machine" in d.why
+
+
+def test_no_workers_where_receiving_costs_as_much_as_making():
+    d = decide(plan(), workers=4, cpus_per_worker=1, available_workers=4, transfer_s=0.2)
+    assert d.workers == 0 and "receiving a batch" in d.why
+
+
+def test_all_workers_while_each_adds_throughput():
+    d = decide(plan(), workers=3, cpus_per_worker=1, available_workers=3, transfer_s=0.001)
+    assert d.workers == 3
+    assert d.samples_per_s == pytest.approx(rate(1, 3, 0.1, 0.001, 64))
+    assert d.samples_per_s > 3.5 * d.local_samples_per_s
+
+
+def test_the_fewest_workers_once_receiving_saturates_the_local_threads():
+    # Receiving takes a quarter of a batch's making: one local thread saturates at 4 workers' output.
+    d = decide(plan(), workers=16, cpus_per_worker=1, available_workers=16, transfer_s=0.025)
+    best = rate(1, 16, 0.1, 0.025, 64)
+    assert d.samples_per_s >= 0.95 * best
+    assert rate(1, d.workers - 1, 0.1, 0.025, 64) < 0.95 * best
+    assert d.workers < 16 and "more would wait" in d.why
+
+
+def test_capped_by_what_the_cluster_has_room_for():
+    d = decide(plan(), workers=8, cpus_per_worker=2, available_workers=2, transfer_s=0.001)
+    assert d.workers == 2 and "CPUs for 2 of 8" in d.why
+
+
+def test_the_remote_bench_splits_cores_without_overlap_and_names_what_is_missing():
+    from feedline.benchmarks.remote_bench import split_cores
+
+    assert split_cores([0, 1, 2, 3, 4], 1, 2, 2) == ([0], [1, 2, 3, 4])
+    with pytest.raises(ValueError, match=r"needs 3 cores on this machine; this process may use 2 \(\[0, 1\]\)"):
+        split_cores([0, 1], 1, 1, 2)
