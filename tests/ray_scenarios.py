@@ -59,7 +59,11 @@ def main(data: str, out: str) -> None:
     local = Loader(spec, batch_size=4, placement="cpu", seed=3)
     remote = Loader(spec, batch_size=4, placement="cpu", seed=3, remote=workers)
     report["images_local"], report["images_remote"] = epochs(local), epochs(remote)
+    report["images_local_epochs_3_4"] = epochs(local, 2)[10:]
     report["remote_batches"] = remote._runner.remote_batches
+    for batch in remote:  # a trainer may write to its batches (views of the object store) ...
+        batch["image"].mul_(0)
+    report["after_writes"] = epochs(remote, 1)  # ... without changing the next ones
     report["sockets"] = sockets_of_ray()
     report["interfaces"] = sorted(psutil.net_if_addrs())
     remote.close()

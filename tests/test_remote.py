@@ -57,6 +57,10 @@ def test_image_batches_equal_the_local_loaders(report):
     assert len(report["images_local"]) == 2 * 10  # 37 images, batches of 4, two epochs
 
 
+def test_writing_to_a_batch_changes_no_other(report):
+    assert report["after_writes"] == report["images_local_epochs_3_4"]
+
+
 def test_criteo_batches_equal_the_local_loaders(report):
     assert report["criteo_remote"] == report["criteo_local"]
     assert len(report["criteo_local"]) == 2 * 12  # 3000 rows, batches of 256

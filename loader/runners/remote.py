@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -101,8 +102,7 @@ def available_workers(ray, workers: RayWorkers) -> int:
 
 
 def receive_seconds(ray, batch: dict, device: torch.device, repeats: int = 5) -> float:
-    """The trainer-side cost of a remote batch like ``batch``: taking it out of Ray's object store and copying
-    it into tensors (the median of ``repeats``). The object is put from this process, so a cross-machine
+    """The trainer-side cost of a remote batch like ``batch``: taking it out of Ray's object store as tensors (the median of ``repeats``). The object is put from this process, so a cross-machine
     transfer, which Ray overlaps with the worker's next batch, is not in it."""
     arrays = as_arrays(batch)
     times = []
@@ -264,10 +264,13 @@ def as_arrays(value):
 
 
 def _to_torch(value, device: torch.device):
-    """A worker's batch as tensors on ``device``. The arrays Ray hands over lie in its read-only object
-    store; they are copied, so that a trainer may write to its batch."""
+    """A worker's batch as tensors on ``device``, without copying on the host: the tensors are views of the
+    arrays in Ray's object store, which stay there while the tensors live. NumPy marks them read-only because
+    other readers could share an object; a batch has one reader, the trainer, which may write to it."""
     if isinstance(value, np.ndarray):
-        tensor = torch.from_numpy(np.array(value))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            tensor = torch.from_numpy(value)
         return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
     if isinstance(value, dict):
         return {k: _to_torch(v, device) for k, v in value.items()}
