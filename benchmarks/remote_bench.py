@@ -11,14 +11,13 @@ bench ... --remote-workers 1'`` (``make bench-remote``)."""
 from __future__ import annotations
 
 import os
-import statistics
 import time
 
 from tqdm import tqdm
 
 from ..loader import Loader, RayWorkers
 from ..loader.epochs import endless
-from ..loader.runners.remote import as_arrays
+from ..loader.runners.remote import object_store_seconds
 from ..pipelines.spec import PipelineSpec
 from .trainer import alternate, check_trainer_step, counted, median_rate, resolve_step_s, trainer_summary
 
@@ -90,7 +89,7 @@ def bench_remote(spec: PipelineSpec, *, batch_size: int, remote_workers: int, cp
             stream.close()
     made = max(runner.remote_batches, 1)
     make_s, receive_s = runner.remote_seconds / made, runner.transfer_seconds / made
-    serialize_s = _put_seconds(ray, sample)
+    serialize_s, _ = object_store_seconds(ray, sample, torch.device("cpu"))
     result = {
         "pipeline": spec.name, "batch_size": batch_size, "dataset_size": len(contenders["local"].source),
         "rounds": rounds, "batches_per_round": per_round, "untimed_batches_per_round": untimed,
@@ -116,15 +115,3 @@ def bench_remote(spec: PipelineSpec, *, batch_size: int, remote_workers: int, cp
         ray.shutdown()
     return result
 
-
-def _put_seconds(ray, batch, repeats: int = 5) -> float:
-    """What a worker pays to put a batch like ``batch`` into the object store (Ray serialises a task's return
-    value the same way), the median of ``repeats``."""
-    arrays = as_arrays(batch)
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        ref = ray.put(arrays)
-        times.append(time.perf_counter() - began)
-        del ref
-    return statistics.median(times)

@@ -20,7 +20,7 @@ from .placement import resolve
 from .placement.auto import PROBE_SEED, AutoPlacement
 from .placement.remote import RemoteDecision, decide as decide_remote, remote_report
 from .runners import Runner, RunnerConfig, make_runner
-from .runners.remote import RayWorkers, RemoteRunner, available_workers, connect, receive_seconds
+from .runners.remote import RayWorkers, RemoteRunner, available_workers, connect, object_store_seconds
 from .sampler import STATE_VERSION, EpochSampler, LastBatch, parse_last_batch
 from ..pipelines.tabular import TabularFiles
 from .sources import ChunkedTable, open_source
@@ -97,9 +97,9 @@ class Loader:
         self.config = RunnerConfig(cut, self.device, self.sampler.batch_size, self.sampler.seed, num_threads,
                                    prefetch, self.on_error, max_pixels)
         self.remote = remote
-        self._remote_workers = remote  # those used: with placement="auto", as many as pay (decided at the start)
+        # The workers used: all of them with a fixed placement; with "auto", as many as pay, decided at the start.
+        self._remote_workers = remote if placement != "auto" else None
         self.remote_decision: RemoteDecision | None = None
-        self._use_remote = remote is not None and placement != "auto"  # auto decides after profiling
         self._auto = AutoPlacement(pipeline, self.config, self._local_runner, self._probe_order, num_threads,
                                    cpu_only=remote is not None) if placement == "auto" else None
         self._runner: Runner = self._runner_for(self.config)
@@ -128,7 +128,7 @@ class Loader:
         return make_runner(self.pipeline, self.source, config)
 
     def _runner_for(self, config: RunnerConfig) -> Runner:
-        if self._use_remote:
+        if self._remote_workers is not None:
             return RemoteRunner(self.pipeline, self.source, config, self._remote_workers, self._local_runner)
         return self._local_runner(config)
 
@@ -270,11 +270,10 @@ class Loader:
             probe.close()
         decision = decide_remote(plan, workers=self.remote.num_workers, cpus_per_worker=self.remote.cpus_per_worker,
                                  available_workers=available_workers(ray, self.remote),
-                                 transfer_s=receive_seconds(ray, sample, self.device))
+                                 transfer_s=object_store_seconds(ray, sample, self.device)[1])
         self.remote_decision = decision
         log.info("feedline: remote workers %s", decision.why)
         if decision.workers:
-            self._use_remote = True
             self._remote_workers = dataclasses.replace(self.remote, num_workers=decision.workers)
             self._move(self.cut, self.num_threads, self.prefetch)  # the runner made so far does not deal plans out
 
@@ -305,8 +304,7 @@ class Loader:
             "placement": self.pipeline.describe_cut(self.cut), "cut": self.cut, "threads": self.num_threads,
             "prefetch": self.prefetch, "stages": self.placement, "fallbacks": list(self.fallbacks)}
         if self.remote is not None:
-            report["remote"] = remote_report(self.remote, self._remote_workers if self._use_remote else None,
-                                             self.remote_decision)
+            report["remote"] = remote_report(self.remote, self._remote_workers, self.remote_decision)
         return report
 
     def state_dict(self) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 measured cost of receiving a batch through Ray's object store.
 
 The deal is fixed (``runners.remote``): of every ``L + R`` plans, the ``L`` local threads make ``L`` and the
-remote cores ``R``. The local threads also receive every remote batch (wait on the object store, copy out
-of it), ``t_x`` seconds each, so one round takes ``max((L*t_b + R*t_x) / L, t_b)`` seconds for ``L + R``
+remote cores ``R``. The local threads also receive every remote batch (take it out of the object store as
+tensors), ``t_x`` seconds each, so one round takes ``max((L*t_b + R*t_x) / L, t_b)`` seconds for ``L + R``
 batches of ``t_b`` CPU seconds each. Adding cores pays while ``t_x < t_b``; past the point where receiving
 saturates the local threads it stops paying, so the fewest workers within ``ENOUGH`` of the best are used.
 """
@@ -22,7 +22,7 @@ class RemoteDecision:
     samples_per_s: float          # predicted with them
     local_samples_per_s: float    # predicted without
     batch_s: float                # CPU seconds to make one batch
-    transfer_s: float             # local seconds to receive one remote batch (object store and copy)
+    transfer_s: float             # local seconds to receive one remote batch out of the object store
     why: str
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 import time
 import warnings
 from collections import deque
@@ -101,18 +102,22 @@ def available_workers(ray, workers: RayWorkers) -> int:
     return int(min(elsewhere, free) // workers.cpus_per_worker)
 
 
-def receive_seconds(ray, batch: dict, device: torch.device, repeats: int = 5) -> float:
-    """The trainer-side cost of a remote batch like ``batch``: taking it out of Ray's object store as tensors (the median of ``repeats``). The object is put from this process, so a cross-machine
-    transfer, which Ray overlaps with the worker's next batch, is not in it."""
+def object_store_seconds(ray, batch: dict, device: torch.device, repeats: int = 5) -> tuple[float, float]:
+    """What a remote batch like ``batch`` costs on each side, the medians of ``repeats``: putting it into Ray's
+    object store (a worker's task return is serialised the same way), and taking it out as tensors on
+    ``device`` (the trainer's side). Both happen in this process, so a cross-machine transfer, which Ray
+    overlaps with the worker's next batch, is in neither."""
     arrays = as_arrays(batch)
-    times = []
+    put, take = [], []
     for _ in range(repeats):
-        ref = ray.put(arrays)
         started = time.perf_counter()
+        ref = ray.put(arrays)
+        stored = time.perf_counter()
         _to_torch(ray.get(ref), device)
-        times.append(time.perf_counter() - started)
+        put.append(stored - started)
+        take.append(time.perf_counter() - stored)
         del ref
-    return sorted(times)[len(times) // 2]
+    return statistics.median(put), statistics.median(take)
 
 
 class _Maker:
@@ -159,6 +164,9 @@ class RemoteRunner:
         self.device = config.device
         self.window = IN_FLIGHT_PER_WORKER * len(self.pattern)  # plans dealt ahead of the one delivered next
         self.skipped: list[Skipped] = []
+        # A table's bad rows are listed by every process that reads their chunk: each (where, index) goes in once.
+        self._listed: set[tuple[str, int]] = set()
+        self._local_noted = 0  # of the local runner's skips, those already noted
         self.remote_batches = 0
         self.wait_seconds = 0.0       # waiting for a worker's batch to be made and to arrive
         self.transfer_seconds = 0.0   # taking an arrived batch out of the object store, as tensors
@@ -167,8 +175,8 @@ class RemoteRunner:
     def _wait_ready(self, workers: RayWorkers) -> None:
         """Block until every worker has started and opened the source, so that the time goes to the start
         rather than to the first batches; a cluster without room for them is an error, not a hang."""
-        pending = {actor.pid.remote(): actor for actor in self.actors}
-        ready, waiting = self.ray.wait(list(pending), num_returns=len(pending), timeout=READY_TIMEOUT_S)
+        pending = [actor.pid.remote() for actor in self.actors]
+        ready, waiting = self.ray.wait(pending, num_returns=len(pending), timeout=READY_TIMEOUT_S)
         self.ray.get(ready)  # a worker that failed to open the source raises its error here
         if waiting:
             self.close()
@@ -188,7 +196,8 @@ class RemoteRunner:
                 future = deal.order.popleft()
                 if future is None:
                     batch, info = next(local)
-                    self._note(self.local.skipped)
+                    self._note(self.local.skipped[self._local_noted:])
+                    self._local_noted = len(self.local.skipped)
                     yield batch, info
                     continue
                 started = time.perf_counter()
@@ -209,8 +218,10 @@ class RemoteRunner:
                     self.ray.cancel(future)
 
     def _note(self, skips) -> None:
-        seen = {(s.where, s.index) for s in self.skipped}
-        self.skipped += [s for s in skips if (s.where, s.index) not in seen]
+        for skip in skips:
+            if (skip.where, skip.index) not in self._listed:
+                self._listed.add((skip.where, skip.index))
+                self.skipped.append(skip)
 
     def profile(self, plans: list[BatchPlan]) -> StageTimes:
         return self.local.profile(plans)
