@@ -132,3 +132,19 @@ def test_worker_arguments_are_checked():
         RayWorkers(cpus_per_worker=1.5)
     with pytest.raises(ValueError, match="address"):
         RayWorkers(address="")
+
+
+def test_loader_arguments_for_remote_workers_are_checked(image_dir, monkeypatch):
+    from feedline.loader import Loader, PlacementError
+    from feedline.pipelines import image
+
+    spec = image.train(image_dir, size=32)
+    with pytest.raises(TypeError, match="remote must be a feedline.loader.RayWorkers, got dict"):
+        Loader(spec, batch_size=4, placement="cpu", remote={"num_workers": 2})
+    # As on a GPU machine, where placement="gpu" resolves: the workers cannot run its GPU stages.
+    monkeypatch.setattr("feedline.loader.loader.gpu_available", lambda: True)
+    with pytest.raises(PlacementError, match="remote workers run the CPU placement of a pipeline; placement 'gpu'"):
+        Loader(spec, batch_size=4, placement="gpu", remote=RayWorkers())
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=r"Ray address must be 'host:port'.*got 'headnode'"):
+        Loader(spec, batch_size=4, placement="cpu", remote=RayWorkers(address="headnode"))
