@@ -1,25 +1,40 @@
 """feedline.ops: feature transforms on NumPy (CPU) or CuPy (GPU) arrays, bit-identical on both.
 
 Each function returns the same array kind it was given. CuPy is only used when the caller passes
-CuPy arrays, so importing this package needs neither CuPy nor a GPU.
+CuPy arrays, so importing this package needs neither CuPy nor a GPU. On the CPU, the functions with a native
+kernel (hashing, ``hash_columns``, ``normalize_columns``, ``gather_columns``) run it through numba, loaded on
+first use, and fall back to NumPy without numba: importing this package needs no numba either.
 """
 
 from .bucketize import bucketize
 from .cross import cross
+from .gather_columns import ColumnBlock, gather_columns, gather_raw, group_by_chunk
+from .hash_columns import HashPlan, hash_columns, hash_plan
 from .hashing import hash_buckets, murmur3_32
 from .jagged import Jagged, keyed_jagged
 from .multi_hot import multi_hot
 from .normalize import normalize_dense
+from .normalize_columns import DensePlan, dense_plan, normalize_columns
 from .strings import Strings
 
 __all__ = [
+    "ColumnBlock",
+    "DensePlan",
+    "HashPlan",
     "Jagged",
     "Strings",
     "bucketize",
     "cross",
+    "dense_plan",
+    "gather_columns",
+    "gather_raw",
+    "group_by_chunk",
     "hash_buckets",
+    "hash_columns",
+    "hash_plan",
     "keyed_jagged",
     "multi_hot",
     "murmur3_32",
+    "normalize_columns",
     "normalize_dense",
 ]

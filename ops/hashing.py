@@ -20,6 +20,7 @@ from ._checks import check_num_buckets, check_seed, integer_keys
 from ._cuda import launch
 from ._murmur3_bytes import hash_strings_cpu
 from ._murmur3_words import hash_words, key_words
+from ._native import kernels
 from .strings import Strings, as_strings
 
 
@@ -46,7 +47,11 @@ def _hash(values, seed: int, num_buckets: int | None):
     keys = integer_keys("values", values, xp)
     out = xp.empty(keys.shape, dtype=np.uint32 if num_buckets is None else np.int64)
     if xp is np:
-        hash_words([key_words(keys)], seed, num_buckets, out.reshape(-1))
+        native = kernels("murmur3")
+        if native is not None and keys.size:
+            native.hash_words(key_words(keys), seed, num_buckets or 0, out.reshape(-1))
+        else:
+            hash_words([key_words(keys)], seed, num_buckets, out.reshape(-1))
         return out
     n = keys.size
     bits = 8 * keys.dtype.itemsize

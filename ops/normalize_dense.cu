@@ -26,3 +26,17 @@ extern "C" __global__ void fl_normalize_dense_f64(const double* x, long long n, 
         out[i] = fl_float_from_bits(fl_normalize_bits(y, fill, clip_min, do_clip, do_log));
     }
 }
+
+// normalize_columns(): several float32 columns of a feature-major batch raw [rows, batch] into a row-major
+// block out [batch, columns]; column j reads raw row sources[j]; flags[j]: bit 0 clip, bit 1 log1p.
+extern "C" __global__ void fl_normalize_columns(const float* raw, long long batch, const long long* sources,
+                                                const float* fill, const float* clip_min, const int* flags,
+                                                long long columns, float* out) {
+    FL_FOR_EACH_INDEX(i, columns * batch) {
+        const long long b = i / columns;
+        const long long j = i - b * columns;
+        const double y = fl_f32_to_f64(raw[sources[j] * batch + b]);
+        out[i] = fl_float_from_bits(fl_normalize_bits(y, fl_f32_to_f64(fill[j]), fl_f32_to_f64(clip_min[j]),
+                                                      flags[j] & 1, (flags[j] >> 1) & 1));
+    }
+}

@@ -41,6 +41,7 @@ static const fl_emulated_dim3 blockIdx = {0}, threadIdx = {0}, blockDim = {1}, g
 
 POINTER_DTYPES = {
     "unsigned int": {np.dtype(np.uint32), np.dtype(np.int32)},
+    "int": {np.dtype(np.int32)},
     "unsigned long long": {np.dtype(np.uint64), np.dtype(np.int64)},
     "long long": {np.dtype(np.int64)},
     "unsigned char": {np.dtype(np.uint8)},
@@ -77,7 +78,8 @@ def _fake_cupy() -> types.ModuleType:
     fake.empty_like = lambda *a, **k: _dev(np.empty_like(*a, **k))
     fake.copyto = np.copyto
     fake.float32 = np.float32
-    fake.cuda = types.SimpleNamespace(Event=_FakeEvent, get_elapsed_time=lambda a, b: 1e3 * (b.at - a.at))
+    fake.cuda = types.SimpleNamespace(Event=_FakeEvent, get_elapsed_time=lambda a, b: 1e3 * (b.at - a.at),
+                                      Device=lambda: types.SimpleNamespace(id=0))
     return fake
 
 
@@ -301,6 +303,24 @@ def test_multi_hot_strings(gpu):
               ops.multi_hot(offsets, words, 100, 1, 3).values)
 
 
+def test_hash_columns(gpu):
+    raw = rng.integers(-(2**63), 2**63 - 1, (5, 700), dtype=np.int64)
+    for plan in (ops.hash_plan([4, 0, 2], [1_000_003, 1, 2**32 - 1], [0, 7, 2**32 - 1], [3, 0, 1]),
+                 ops.hash_plan([[0, 1], [3, 3]], [977, 2**31], [1, 2])):
+        out = np.full((4, raw.shape[1]), -1, np.int64)
+        same_bits(ops.hash_columns(dev(raw), plan, dev(out)), ops.hash_columns(raw, plan, out))
+    assert gpu == ["fl_hash_columns", "fl_hash_columns"]
+
+
+def test_normalize_columns(gpu):
+    raw = rng.integers(0, 2**32, (3, 4000), dtype=np.uint64).astype(np.uint32).view(np.float32)
+    raw[0, :7] = [np.nan, -1.0, -0.0, 1e-45, np.inf, -2.0, 65536.0]
+    plan = ops.dense_plan([2, 0, 1, 0], [0.0, -3.0, float("nan"), 1.5], [0.0, None, -2.0, 0.25],
+                          [True, True, True, False])
+    same_bits(ops.normalize_columns(dev(raw), plan), ops.normalize_columns(raw, plan))
+    assert gpu == ["fl_normalize_columns"]
+
+
 def test_mixed_kinds_are_rejected(gpu):
     with pytest.raises(TypeError, match=r"NumPy or all CuPy; got CuPy for \[.a.\]"):
         ops.cross(dev(np.arange(3)), np.arange(3), 10)
@@ -326,6 +346,11 @@ def test_every_kernel_is_launched_by_some_input(gpu):
     for dtype in (np.float32, np.float64):
         x = np.array([np.nan, -1.0, 0.5, 100.0], dtype=dtype)
         same_bits(ops.normalize_dense(dev(x)), ops.normalize_dense(x))
+    raw = np.arange(-6, 6, dtype=np.int64).reshape(2, 6)
+    for plan in (ops.hash_plan([1], [7], [3]), ops.hash_plan([[0, 1]], [7], [3])):
+        same_bits(ops.hash_columns(dev(raw), plan), ops.hash_columns(raw, plan))
+    floats, plan = raw.astype(np.float32), ops.dense_plan([1], [0.0], [0.0], [True])
+    same_bits(ops.normalize_columns(dev(floats), plan), ops.normalize_columns(floats, plan))
     offsets = np.array([0, 2, 5], dtype=np.int64)
     for dtype in (np.int32, np.int64):
         values = np.arange(5, dtype=dtype)

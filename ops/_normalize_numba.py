@@ -1,0 +1,98 @@
+"""``normalize_dense`` for many columns at once on the CPU (numba): the twin of ``normalize_dense.cu`` and of
+``normalize.py`` with ``log1p64.py``, which stay its reference.
+
+The log1p follows ``log1p64.py`` step for step in float64 (same operations, same order, nothing fused), with
+``frexp`` done on the bits (exact for the positive normal values ``1 + y`` takes), so that the loops vectorise.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba.core import types
+from numba.extending import intrinsic
+
+from ._numba import helper, kernel
+from .log1p64 import HORNER_COEFFS, LN2, SQRT_HALF, TINY
+
+P0, P1, P2, P3, P4, P5, P6, P7, P8, P9 = HORNER_COEFFS
+EXPONENT = np.int64(0x7FF << 52)
+HALF = np.int64(1022 << 52)  # the exponent field of a value in [0.5, 1)
+NAN32 = np.float32(np.nan)
+INF32 = np.float32(np.inf)
+
+
+@intrinsic
+def _bits_of(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.int64))
+    return types.int64(types.float64), codegen
+
+
+@intrinsic
+def _float_of(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float64))
+    return types.float64(types.int64), codegen
+
+
+@helper
+def log1p_float32(y32):
+    """``log1p64.log1p_float32`` of one float32 value."""
+    y = np.float64(y32)
+    u = y + 1.0
+    bits = _bits_of(u)
+    e = ((bits >> 52) & 0x7FF) - 1022
+    m = _float_of((bits & ~EXPONENT) | HALF)  # u = m * 2**e, m in [0.5, 1)
+    if m < SQRT_HALF:
+        m = m + m
+        e = e - 1
+    k = np.float64(e)
+    f = m - 1.0
+    s = f / (f + 2.0)
+    z = s * s
+    p = P9
+    p = p * z + P8
+    p = p * z + P7
+    p = p * z + P6
+    p = p * z + P5
+    p = p * z + P4
+    p = p * z + P3
+    p = p * z + P2
+    p = p * z + P1
+    p = p * z + P0
+    r = np.float32(k * LN2 + (s + s) * p)
+    if abs(y) < TINY:
+        r = y32
+    if y == -1.0:
+        r = -INF32
+    if y < -1.0 or y != y:
+        r = NAN32
+    if y == np.inf:
+        r = INF32
+    return r
+
+
+@kernel
+def normalize_columns(raw, sources, fill, clip, log, out):
+    """``out[:, j] = normalize_dense(raw[sources[j]], fill[j], clip[j], log[j])``: raw float32 [R, B], out
+    float32 [B, J]; ``clip[j]`` -inf means no clipping."""
+    batch = raw.shape[1]
+    column = np.empty(batch, dtype=np.float32)
+    for j in range(sources.shape[0]):
+        source = raw[sources[j]]
+        f = fill[j]
+        c = clip[j]
+        if log[j]:
+            for i in range(batch):
+                y = source[i]
+                y = f if y != y else y
+                y = c if y < c else y
+                y = log1p_float32(y)
+                column[i] = NAN32 if y != y else y
+        else:
+            for i in range(batch):
+                y = source[i]
+                y = f if y != y else y
+                y = c if y < c else y
+                column[i] = NAN32 if y != y else y
+        for i in range(batch):
+            out[i, j] = column[i]

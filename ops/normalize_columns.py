@@ -1,0 +1,102 @@
+"""``normalize_columns``: ``normalize_dense`` of several columns of a batch in one pass, each with its own fill,
+clip and log1p, from a feature-major float32 batch into a row-major block (a batch's ``dense`` output).
+
+Definition: ``out[:, j] = normalize_dense(raw[sources[j]], fill[j], clip_min[j], log[j])`` bit for bit
+(``normalize_dense`` is its reference). On the CPU it runs as a GIL-free numba kernel (NumPy where numba is
+missing), on the GPU as one CUDA kernel.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ._arrays import array_module
+from ._cuda import launch
+from ._native import kernels
+from .normalize import _float32_arg, normalize_dense
+
+
+@dataclass(frozen=True, eq=False)
+class DensePlan:
+    """Columns to normalise (validated by :func:`dense_plan`): ``sources`` int64 [J], ``fill`` float32 [J],
+    ``clip_min`` float32 [J] (-inf where there is no clipping), ``clip`` bool [J], ``log`` bool [J]."""
+
+    sources: np.ndarray
+    fill: np.ndarray
+    clip_min: np.ndarray
+    clip: np.ndarray
+    log: np.ndarray
+    _device: dict = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return self.sources.shape[0]
+
+    def on_device(self, cupy) -> tuple:
+        """(sources, fill, clip_min, flags) on the current device, copied there once; flags int32: bit 0 clip,
+        bit 1 log1p."""
+        device = cupy.cuda.Device().id
+        if device not in self._device:
+            flags = self.clip.astype(np.int32) | (self.log.astype(np.int32) << 1)
+            self._device[device] = tuple(cupy.asarray(a) for a in (self.sources, self.fill, self.clip_min, flags))
+        return self._device[device]
+
+
+def dense_plan(sources, fill: Sequence[float], clip_min: Sequence[float | None], log: Sequence[bool]) -> DensePlan:
+    """Validate the columns of :func:`normalize_columns`: raw rows ``sources`` and, per column, ``fill``,
+    ``clip_min`` (None: no clipping) and ``log`` as ``normalize_dense`` takes them."""
+    sources = np.asarray(sources)
+    if sources.dtype.kind not in "iu" and sources.size:
+        raise TypeError(f"sources must hold integers, got dtype {sources.dtype}")
+    sources = np.ascontiguousarray(sources, dtype=np.int64).reshape(-1)
+    if sources.size and sources.min() < 0:
+        raise ValueError(f"sources must be raw rows (>= 0), got {sources.tolist()}")
+    j = sources.size
+    fill, clip_min, log = list(fill), list(clip_min), list(log)
+    for name, values in (("fill", fill), ("clip_min", clip_min), ("log", log)):
+        if len(values) != j:
+            raise ValueError(f"{name} must have one entry per column ({j}), got {len(values)}")
+    fills = np.array([_float32_arg("fill", f) for f in fill], dtype=np.float32)
+    clips = np.array([-math.inf if c is None else _float32_arg("clip_min", c) for c in clip_min], dtype=np.float32)
+    if np.isnan(clips).any():
+        raise ValueError("clip_min must not be NaN (use None for no clipping)")
+    for value in log:
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"log must hold bools, got {type(value).__name__} {value!r}")
+    return DensePlan(sources, fills, clips, np.array([c is not None for c in clip_min], dtype=bool),
+                     np.array(log, dtype=bool))
+
+
+def normalize_columns(raw, plan: DensePlan, out=None):
+    """``raw`` float32 [rows, B] (NaN = missing; NumPy or CuPy) -> ``out`` float32 [B, len(plan)] (allocated
+    when None; C-contiguous)."""
+    if not isinstance(plan, DensePlan):
+        raise TypeError(f"plan must be a DensePlan (from dense_plan), got {type(plan).__name__}")
+    xp = array_module(raw=raw) if out is None else array_module(raw=raw, out=out)
+    if raw.dtype != np.float32 or raw.ndim != 2:
+        raise TypeError(f"raw must be a 2-D float32 array, got {raw.dtype} with shape {raw.shape}")
+    if len(plan) and int(plan.sources.max()) >= raw.shape[0]:
+        raise ValueError(f"plan reads raw row {int(plan.sources.max())}, but raw has {raw.shape[0]} rows")
+    shape = (raw.shape[1], len(plan))
+    if out is None:
+        out = xp.empty(shape, dtype=np.float32)
+    elif out.dtype != np.float32 or out.shape != shape or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {shape}, got {out.dtype} {out.shape}")
+    raw = xp.ascontiguousarray(raw)
+    if not len(plan) or not raw.shape[1]:
+        return out
+    if xp is not np:
+        sources, fill, clip_min, flags = plan.on_device(xp)
+        launch("normalize_dense.cu", "fl_normalize_columns", out.size,
+               (raw, np.int64(raw.shape[1]), sources, fill, clip_min, flags, np.int64(len(plan)), out))
+        return out
+    native = kernels("normalize")
+    if native is not None:
+        native.normalize_columns(raw, plan.sources, plan.fill, plan.clip_min, plan.log, out)
+        return out
+    for j, (source, f, c, clip, log) in enumerate(zip(plan.sources.tolist(), plan.fill.tolist(),
+                                                      plan.clip_min.tolist(), plan.clip.tolist(), plan.log.tolist())):
+        out[:, j] = normalize_dense(raw[source], f, c if clip else None, log)
+    return out
