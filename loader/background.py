@@ -9,11 +9,14 @@ again while the trainer still reads it.
 
 An error on the thread reaches the trainer's ``next()`` as itself, with a note saying where it happened; a
 thread that died without a word is reported instead of waited on forever. Closing the stream (or dropping
-it, or the interpreter exiting) stops the thread and joins it.
+it, or the interpreter exiting) stops the thread and joins it. In a child made by ``fork()`` the thread does
+not exist and the queue's locks may be held by it: there the stream refuses batches and closing it touches
+nothing.
 """
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import threading
 import time
@@ -43,6 +46,7 @@ class BackgroundStream:
         self._cuda_stream = torch.cuda.Stream(cuda) if cuda is not None else None
         self._describe = describe
         self._done = False
+        self._pid = os.getpid()
         self._thread = threading.Thread(target=self._run, args=(make,), name=THREAD_NAME, daemon=True)
         _live.add(self)
         _last_at_exit()
@@ -85,6 +89,9 @@ class BackgroundStream:
         return self
 
     def __next__(self) -> Any:
+        if os.getpid() != self._pid:
+            raise RuntimeError(f"feedline's batch thread runs in process {self._pid}; this process ({os.getpid()}) "
+                               f"was forked from it and cannot take its batches")
         if self._done:
             raise StopIteration
         while True:
@@ -117,6 +124,8 @@ class BackgroundStream:
         (a worker of the runner's pool), and the two would wait on each other."""
         self._stop.set()
         self._done = True
+        if os.getpid() != self._pid:
+            return  # a forked child: the thread is the parent's
         if not wait:
             try:
                 while True:

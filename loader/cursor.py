@@ -1,7 +1,8 @@
 """Where a Loader stands in its epochs, and its saved form."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .runners.contract import BatchInfo
@@ -15,34 +16,43 @@ def _count(value: object) -> bool:
 class Cursor:
     """``epoch``; ``batches`` delivered in it; ``sample``: the next position in this rank's order for the
     epoch; ``complete``: its last batch was delivered. ``pinned``: ``set_epoch`` or a loaded state chose where
-    the next iteration starts, so starting it must not move on to the next epoch."""
+    the next iteration starts, so starting it must not move on to the next epoch.
+
+    Every update and every read of several fields holds ``lock``, so that another thread (one that saves the
+    state while the trainer iterates) never sees an update half done."""
 
     epoch: int = 0
     batches: int = 0
     sample: int = 0
     complete: bool = False
     pinned: bool = False
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     def begin(self) -> None:
         """An iteration starts: after a started or finished epoch it is the next epoch (as with a DataLoader)."""
-        if not self.pinned and (self.batches > 0 or self.complete):
-            self.go_to(self.epoch + 1)
-        self.pinned = False
+        with self.lock:
+            if not self.pinned and (self.batches > 0 or self.complete):
+                self.go_to(self.epoch + 1)
+            self.pinned = False
 
     def go_to(self, epoch: int, *, pinned: bool = False) -> None:
-        self.epoch, self.batches, self.sample, self.complete, self.pinned = epoch, 0, 0, False, pinned
+        with self.lock:
+            self.epoch, self.batches, self.sample, self.complete, self.pinned = epoch, 0, 0, False, pinned
 
     def advance(self, info: BatchInfo, delivered: bool) -> None:
-        self.sample, self.complete = info.end, info.last
-        self.batches += delivered
+        with self.lock:
+            self.sample, self.complete = info.end, info.last
+            self.batches += delivered
 
     @property
     def next_sample(self) -> tuple[int, int]:
         """(epoch, position) of the next sample to be made."""
-        return (self.epoch + 1, 0) if self.complete else (self.epoch, self.sample)
+        with self.lock:
+            return (self.epoch + 1, 0) if self.complete else (self.epoch, self.sample)
 
     def state(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "position": self.batches, "cursor": self.sample, "complete": self.complete}
+        with self.lock:
+            return {"epoch": self.epoch, "position": self.batches, "cursor": self.sample, "complete": self.complete}
 
     def load(self, state: Mapping[str, Any], shard_size) -> None:
         """Resume at the state's next batch; ``shard_size(epoch)`` bounds the saved position."""
@@ -51,7 +61,8 @@ class Cursor:
                 or sample > shard_size(epoch):
             raise ValueError(f"state has an invalid position: epoch={epoch!r}, position={position!r}, "
                              f"cursor={sample!r}, complete={complete!r}")
-        if complete:
-            self.go_to(epoch + 1, pinned=True)
-        else:
-            self.epoch, self.batches, self.sample, self.complete, self.pinned = epoch, position, sample, False, True
+        with self.lock:
+            if complete:
+                self.go_to(epoch + 1, pinned=True)
+            else:
+                self.epoch, self.batches, self.sample, self.complete, self.pinned = epoch, position, sample, False, True

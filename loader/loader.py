@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import logging
 import warnings
@@ -12,61 +11,56 @@ from typing import Any, Iterator
 import torch
 
 from ..pipelines.spec import PipelineSpec
+from .arguments import on_error_of, shuffle_buffer_rows, work_counts
 from .background import BackgroundStream
 from .cursor import Cursor
-from .devices import available_cores, gpu_available, is_gpu_failure, parse_device
-from .errors import OnError, PlacementError, Skipped, parse_on_error
+from .dataloader_habits import default_rank_world, refuse
+from .delivery import Delivered
+from .devices import gpu_available, is_gpu_failure, parse_device
+from .errors import OnError, PlacementError, Skipped
+from .guards import Iterations, ProcessGuard
 from .placement import resolve
 from .placement.auto import PROBE_SEED, AutoPlacement
 from .placement.remote import RemoteDecision, decide as decide_remote, remote_report
 from .runners import Runner, RunnerConfig, make_runner
 from .runners.remote import RayWorkers, RemoteRunner, available_workers, connect, object_store_seconds
 from .sampler import STATE_VERSION, EpochSampler, LastBatch, parse_last_batch
-from ..pipelines.tabular import TabularFiles
+from .saved_state import check_resumable, configuration
 from .sources import ChunkedTable, open_source
-from .stream_order import DEFAULT_BUFFER_ROWS, StreamOrder
+from .stream_order import StreamOrder
 from .sources.image_headers import DEFAULT_MAX_PIXELS
 
 log = logging.getLogger("feedline")
 
 
-def _distributed_rank_world() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
 class Loader:
-    """Iterate it for one epoch of batches; iterate again for the next.
+    """Iterate it for one epoch of batches; iterate again for the next (``with Loader(...) as loader:``
+    closes it at the end).
 
-    Each batch is a dict of torch tensors on ``device``: the pipeline's outputs plus ``index`` (the dataset
-    index of every sample) and, with ``last_batch="pad"``, ``valid`` (False for padding) in batches that
-    hold padding. ``rank``/``world_size`` default to ``torch.distributed``'s when it is initialised.
+    Each batch is a dict of torch tensors on ``device``: the pipeline's outputs, ``index`` (the dataset index of
+    every sample) and ``valid`` (bool, beside ``index``: False for padding and for the slots of samples skipped
+    with ``on_error="skip"``; mask the loss with it). ``shuffle`` defaults to the pipeline's own default (True
+    for training pipelines and tables, False for ``image.val``). ``rank``/``world_size`` default to
+    ``torch.distributed``'s when it is initialised. One iteration runs at a time: a new ``iter(loader)`` takes
+    over, and an older iterator then raises ``StaleIteratorError``. A Loader that started iterating cannot be
+    used in a child made by ``fork()`` (``ForkedLoaderError``); ``state_dict`` may be called from any thread.
+    DataLoader arguments (``num_workers``, ``drop_last``, ...) are refused with feedline's equivalent.
     """
 
     def __init__(self, pipeline: PipelineSpec, batch_size: int, *, placement: str | Mapping = "auto",
-                 device: str | torch.device | None = None, shuffle: bool = True, seed: int = 0,
+                 device: str | torch.device | None = None, shuffle: bool | None = None, seed: int = 0,
                  last_batch: LastBatch | str = LastBatch.PARTIAL, rank: int | None = None,
                  world_size: int | None = None, num_threads: int | None = None, prefetch: int = 2,
                  on_error: OnError | str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS,
-                 shuffle_buffer: int | None = None, remote: RayWorkers | None = None):
+                 shuffle_buffer: int | None = None, remote: RayWorkers | None = None, **dataloader_arguments):
+        refuse(dataloader_arguments, self.__init__)
         if not isinstance(pipeline, PipelineSpec):
             raise TypeError(f"pipeline must be a feedline pipeline definition (e.g. feedline.pipelines.image.train"
                             f"(...)), got {type(pipeline).__name__}")
-        if (rank is None) != (world_size is None):
-            raise ValueError(f"give both rank and world_size or neither; got rank={rank!r}, world_size={world_size!r}")
-        if rank is None:
-            rank, world_size = _distributed_rank_world()
-        if num_threads is None:
-            num_threads = available_cores()
-        if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
-            raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 1 <= prefetch <= 16:
-            raise ValueError(f"prefetch must be an integer in [1, 16], got {prefetch!r}")
-        if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
-            raise ValueError(f"max_pixels must be a positive integer, got {max_pixels!r}")
+        rank, world_size = default_rank_world(rank, world_size)
+        num_threads = work_counts(num_threads, prefetch, max_pixels)
         self.pipeline = pipeline
-        self.on_error = self._on_error(pipeline, on_error)
+        self.on_error = on_error_of(pipeline, on_error)
         requested_device = parse_device(device)
         cut = resolve(pipeline, placement, gpu_available())
         if cut < pipeline.all_cpu and device is not None and requested_device.type == "cpu":
@@ -83,17 +77,10 @@ class Loader:
                                      f"{pipeline.describe_cut(cut)!r} puts stages on the GPU")
             cut = pipeline.all_cpu
         self.device = torch.device("cuda") if device is None and cut < pipeline.all_cpu else requested_device
-        streamed = isinstance(pipeline.source, TabularFiles)
-        if shuffle_buffer is not None and not streamed:
-            raise ValueError("shuffle_buffer applies to tabular sources, which are streamed; image samples are "
-                             "shuffled by an exact permutation")
-        if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, (int, type(None))) \
-                or (shuffle_buffer is not None and shuffle_buffer < 1):
-            raise ValueError(f"shuffle_buffer must be a positive number of rows, got {shuffle_buffer!r}")
-        self.shuffle_buffer = (shuffle_buffer or DEFAULT_BUFFER_ROWS) if streamed else None
+        self.shuffle_buffer = shuffle_buffer_rows(pipeline, shuffle_buffer)
         self.source = open_source(pipeline.source, cache_rows=2 * (self.shuffle_buffer or 0))
-        self.sampler = self._order(batch_size, seed, shuffle=shuffle, rank=rank, world_size=world_size,
-                                   last_batch=parse_last_batch(last_batch))
+        self.sampler = self._order(batch_size, seed, shuffle=pipeline.default_shuffle if shuffle is None else shuffle,
+                                   rank=rank, world_size=world_size, last_batch=parse_last_batch(last_batch))
         self.config = RunnerConfig(cut, self.device, self.sampler.batch_size, self.sampler.seed, num_threads,
                                    prefetch, self.on_error, max_pixels)
         self.remote = remote
@@ -109,20 +96,10 @@ class Loader:
         self.fallbacks: list[str] = []
         self._stream: BackgroundStream | None = None
         self._stream_at: tuple[int, int] | None = None  # (epoch, sample) of the next batch the stream makes
+        self._iterations = Iterations()
+        self._process = ProcessGuard()
         log.info("feedline: %s placement %s (%s)", pipeline.name, pipeline.describe_cut(cut),
                  ", ".join(f"{k}={v.value}" for k, v in pipeline.backends_at(cut).items()))
-
-    @staticmethod
-    def _on_error(pipeline: PipelineSpec, on_error: OnError | str | None) -> OnError:
-        declared = getattr(pipeline.source, "on_error", None)  # tabular sources validate rows when opened
-        if on_error is None:
-            return declared or OnError.RAISE
-        chosen = parse_on_error(on_error)
-        if declared is not None and declared is not chosen:
-            raise ValueError(f"on_error={chosen.value!r} differs from the {declared.value!r} that pipeline "
-                             f"{pipeline.name!r} was defined with; set it where the pipeline is defined "
-                             f"(e.g. criteo(..., on_error={chosen.value!r}))")
-        return chosen
 
     def _local_runner(self, config: RunnerConfig) -> Runner:
         return make_runner(self.pipeline, self.source, config)
@@ -143,6 +120,15 @@ class Loader:
     def _probe_order(self, batch_size: int, seed: int):
         """A one-rank shuffled order for profiling and probing placements, apart from the trainer's epochs."""
         return self._order(min(batch_size, len(self.source)), seed, shuffle=True)
+
+    @property
+    def batch_size(self) -> int:
+        return self.sampler.batch_size
+
+    @property
+    def dataset(self):
+        """The opened source (``len(loader.dataset)`` samples; for images also ``paths``, ``labels``, ``classes``)."""
+        return self.source
 
     @property
     def cut(self) -> int:
@@ -193,7 +179,8 @@ class Loader:
                                            first_batch=done if e == epoch else 0))
         where = f"making {self.pipeline.name!r} batches from sample {start} of epoch {epoch} on " \
                 f"(placement {self.pipeline.describe_cut(self.cut)})"
-        self._stream = BackgroundStream(functools.partial(self._runner.batches, plans), self.prefetch,
+        batches = self._runner.batches
+        self._stream = BackgroundStream(lambda: Delivered(batches(plans)), self.prefetch,
                                         cuda=self.device if self.device.type == "cuda" else None,
                                         describe=lambda: where)
         self._stream_at = (epoch, start)
@@ -204,6 +191,9 @@ class Loader:
         self._stream, self._stream_at = None, None
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        self._process.check()
+        token = self._iterations.start()
+        self._process.started()
         self.cursor.begin()
         if self._auto is not None and self._auto.plan is None:
             plan = self._auto.start()
@@ -214,12 +204,11 @@ class Loader:
             self._open_stream()
         epoch, samples, padding, skipped = self.cursor.epoch, 0, 0, 0
         while not self.cursor.complete:
-            batch, info = self._next()
+            batch, info, valid = self._next()
             skipped += info.skipped
             self.cursor.advance(info, delivered=batch is not None)
             self._stream_at = self.cursor.next_sample
             if batch is not None:
-                valid = int(batch["valid"].sum()) if "valid" in batch else len(batch["index"])
                 samples += valid
                 padding += len(batch["index"]) - valid
                 if self._auto is not None:
@@ -227,14 +216,16 @@ class Loader:
                     if plan is not None:
                         self._follow(plan)  # the next batch comes from the new placement, after this one
                 yield batch
+                self._iterations.check(token, epoch)
         self.epoch_summaries[epoch] = {"batches": self.cursor.batches, "samples": samples, "padding": padding,
                                        "skipped": skipped}
         log.log(logging.WARNING if skipped else logging.INFO, "feedline: epoch %d delivered %d samples (and %d "
                 "padding) in %d batches, skipped %d", epoch, samples, padding, self.cursor.batches, skipped)
 
-    def _next(self) -> tuple[dict | None, Any]:
-        """The next ``(batch, info)``. If the GPU fails under a GPU placement, move to the CPU placement and
-        make the batch in flight again there."""
+    def _next(self) -> tuple[dict | None, Any, int]:
+        """The next ``(batch, info, valid samples)``. If the GPU fails under a GPU placement, move to the CPU
+        placement and make the batch in flight again there."""
+        self._process.check()
         while True:
             try:
                 if self._auto is not None:
@@ -308,25 +299,18 @@ class Loader:
         return report
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader stands: loading it into a Loader of the same configuration resumes at the next batch."""
-        s = self.sampler
+        """Where the loader stands: loading it into a Loader of the same configuration resumes at the next batch.
+        Safe to call from another thread while the trainer iterates (it sees the position before or after a
+        batch, never halfway)."""
         return {"version": STATE_VERSION, **self.cursor.state(),
                 "skipped": [[k.where, k.reason, k.index, k.epoch] for k in self.skipped],
-                "config": {"num_samples": s.num_samples, "batch_size": s.batch_size, "seed": s.seed,
-                           "shuffle": s.shuffle, "rank": s.rank, "world_size": s.world_size,
-                           "last_batch": s.last_batch.value, "pipeline": self.pipeline.name,
-                           "on_error": self.on_error.value, "shuffle_buffer": self.shuffle_buffer}}
+                "config": configuration(self.sampler, self.pipeline.name, self.on_error.value, self.shuffle_buffer)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a feedline Loader state of version {STATE_VERSION}: "
                              f"{state.get('version') if isinstance(state, Mapping) else type(state).__name__}")
-        mine = self.state_dict()["config"]
-        theirs = state.get("config", {})
-        differ = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
-        if differ:
-            raise ValueError("state was saved by a differently configured Loader; (saved, this loader): "
-                             + ", ".join(f"{k}: {a!r} vs {b!r}" for k, (a, b) in differ.items()))
+        check_resumable(state.get("config", {}), self.state_dict()["config"])
         self.cursor.load(state, self.sampler.shard_size)
         self._close_stream()
         try:
@@ -336,12 +320,21 @@ class Loader:
         self._earlier_skips = earlier + [k for k in self._earlier_skips if k not in earlier]
 
     def close(self) -> None:
+        if self._process.forked:  # the thread and pipelines are the parent's: let go, never join or free them
+            self._stream = None
+            return
         self._close_stream()
         self._runner.close()
 
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def __del__(self):
         try:
-            if self._stream is not None:
+            if self._stream is not None and not self._process.forked:
                 self._stream.close(wait=False)  # see BackgroundStream.close
         except Exception:
             pass

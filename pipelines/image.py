@@ -17,6 +17,7 @@ sample gets the same crop, flip and jitter on every placement, batch size and sh
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 from dataclasses import dataclass
@@ -35,13 +36,14 @@ from .imaging.random_resized_crop import RandomResizedCrop
 from .imaging.resize import Resize
 from .imaging.rotate import Rotate
 from .imaging.types import Dtype, ImageType
-from .image_sources import FileList, ImageFolder, ImageSource, WebDataset, image_source
+from .image_sources import FileList, ImageFolder, ImageList, ImageSource, WebDataset, image_source
 from .spec import PipelineSpec
 from .stage import CPU_ONLY, PlainStage
 
 __all__ = ["pipeline", "train", "val", "decode", "random_resized_crop", "resize", "center_crop",
            "horizontal_flip", "vertical_flip", "color_jitter", "grayscale", "rotate", "normalize", "custom",
-           "ImageOutput", "Normalization", "ImageFolder", "FileList", "WebDataset", "IMAGENET_MEAN", "IMAGENET_STD"]
+           "ImageOutput", "Normalization", "ImageFolder", "FileList", "WebDataset", "ImageList", "IMAGENET_MEAN",
+           "IMAGENET_STD"]
 
 OUTPUTS = ("image", "label")
 class ReadImages(PlainStage):
@@ -105,16 +107,20 @@ def normalize(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAG
 
 
 def custom(fn: Callable, *, backends: str | Sequence[str] = ("cpu", "gpu"), name: str = "custom",
-           draws: int = 0, dtype: str | None = None, size: int | tuple[int, int] | None = None) -> Custom:
-    """Your own function on a batch of torch tensors (see :class:`Custom`), placed like any other stage."""
+           draws: int = 0, dtype=None, size: int | tuple[int, int] | None = None) -> Custom:
+    """Your own function on a batch of torch tensors (see :class:`Custom`), placed like any other stage:
+    ``fn(images)``, ``fn(images, u)`` with ``draws > 0``, and ``size=(height, width)`` of its input given to a
+    function with a ``size`` parameter; checked now. ``dtype`` (``"float32"``, ``torch.float32``, ...) and
+    ``size`` declare what it returns where it changes them."""
     return Custom(fn, backends, name, draws, dtype, size)
 
 
 def pipeline(data: str | os.PathLike | ImageSource, stages: Sequence[ImageStage], *,
              name: str = "image") -> PipelineSpec:
-    """The pipeline that reads ``data`` (a folder, a file list, or their declarations) and applies ``stages``
-    in order. The first stage decodes; the last must leave every image one size. Each batch holds ``image``
-    (uint8 ``NHWC``, or float32 ``NCHW`` after ``normalize``) and ``label``."""
+    """The pipeline that reads ``data`` (a folder, a file list, webdataset shards, image paths in memory with
+    or without labels, or their declarations; see ``image_source``) and applies ``stages`` in order. The first
+    stage decodes; the last must leave every image one size. Each batch holds ``image`` (uint8 ``NHWC``, or
+    float32 ``NCHW`` after ``normalize``) and ``label`` (left out for images given without labels)."""
     source = image_source(data)
     stages = _named(_checked(stages))
     types = infer_types(stages)
@@ -122,7 +128,8 @@ def pipeline(data: str | os.PathLike | ImageSource, stages: Sequence[ImageStage]
         raise ValueError(f"pipeline {name!r}: its last stage {stages[-1].name!r} leaves images of varying sizes, "
                          f"which cannot form a batch; end with a stage that makes one size (random_resized_crop, "
                          f"resize((h, w)), center_crop)")
-    return PipelineSpec(name, source, (READ, *stages), OUTPUTS)
+    outputs = OUTPUTS if "label" in source.produces else ("image",)  # images without labels: no label key
+    return PipelineSpec(name, source, (READ, *stages), outputs)
 
 
 def infer_types(stages: Sequence[ImageStage]) -> list[ImageType]:
@@ -204,13 +211,15 @@ def train(data: str | os.PathLike | ImageSource, size: int = 224, *, scale: tupl
 def val(data: str | os.PathLike | ImageSource, size: int = 224, *, resize_size: int | None = None,
         output: ImageOutput | str = ImageOutput.FLOAT_NCHW,
         normalize: Normalization = Normalization()) -> PipelineSpec:
-    """Resize the shorter side to ``resize_size`` (default ``round(size * 256 / 224)``), centre crop, normalise."""
+    """Resize the shorter side to ``resize_size`` (default ``round(size * 256 / 224)``), centre crop, normalise.
+    A Loader reads it in listed order unless given ``shuffle=True``."""
     size = _size("size", size)
     resize_size = round(size * 256 / 224) if resize_size is None else _size("resize_size", resize_size)
     if resize_size < size:
         raise ValueError(f"resize_size ({resize_size}) must be >= size ({size}) for a centre crop")
-    return pipeline(data, [decode(), resize(resize_size), center_crop(size), *_tail(output, normalize)],
+    spec = pipeline(data, [decode(), resize(resize_size), center_crop(size), *_tail(output, normalize)],
                     name="image-val")
+    return dataclasses.replace(spec, default_shuffle=False)  # evaluation reads in listed order
 
 
 def _size(name: str, value: object) -> int:

@@ -18,8 +18,12 @@ class PipelineSpec:
     source: Any
     stages: tuple[Stage, ...]
     outputs: tuple[str, ...]
+    default_shuffle: bool = True  # what a Loader given no ``shuffle`` does: False for evaluation pipelines
 
     def __post_init__(self) -> None:
+        if not isinstance(self.default_shuffle, bool):
+            raise TypeError(f"pipeline {self.name!r}: default_shuffle must be True or False, "
+                            f"got {self.default_shuffle!r}")
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"pipeline {self.name!r}: stage names repeat: {names}")

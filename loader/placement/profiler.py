@@ -37,9 +37,11 @@ class Profile:
 
 
 def first_plans(orders: OrderFactory, batch_size: int, batches: int) -> list[BatchPlan]:
-    """The first plans of a fixed shuffled epoch, in the source's own order (for a streamed table: one
-    buffer-full's chunks, not rows from all over the files)."""
-    return list(itertools.islice(orders(batch_size, PROFILE_SEED).epoch(0), batches))
+    """The first plans of fixed shuffled epochs, in the source's own order (for a streamed table: one
+    buffer-full's chunks, not rows from all over the files). A dataset smaller than ``batches`` batches is
+    gone through again, epoch after epoch, so that even one sample gives ``batches`` plans."""
+    order = orders(batch_size, PROFILE_SEED)
+    return list(itertools.islice((plan for epoch in itertools.count() for plan in order.epoch(epoch)), batches))
 
 
 def profile(spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, orders: OrderFactory, *,

@@ -1,0 +1,37 @@
+"""What every delivered batch holds whatever it contains: ``valid``, a bool tensor beside ``index`` (on its
+device), False for padding and for the slots of skipped samples, so that a loss masked with it works on
+every batch. Runners add ``valid`` only where a sample is invalid; this fills it in on the batch thread."""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+
+
+def complete(batch: dict | None) -> int:
+    """Give ``batch`` its ``valid`` mask if the runner left it out (every sample valid), and count the valid
+    samples (0 for no batch)."""
+    if batch is None:
+        return 0
+    if "valid" not in batch:
+        index = batch["index"]
+        batch["valid"] = torch.ones(len(index), dtype=torch.bool, device=index.device)
+        return len(index)
+    return int(batch["valid"].sum())
+
+
+class Delivered:
+    """A runner's ``(batch, info)`` stream as ``(batch, info, valid samples)``, each batch completed."""
+
+    def __init__(self, batches: Iterator[tuple[dict | None, Any]]):
+        self._batches = batches
+
+    def __iter__(self) -> "Delivered":
+        return self
+
+    def __next__(self) -> tuple[dict | None, Any, int]:
+        batch, info = next(self._batches)
+        return batch, info, complete(batch)
+
+    def close(self) -> None:
+        self._batches.close()
