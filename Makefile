@@ -28,7 +28,7 @@ bench-remote: setup
 	unshare -rn sh -c 'ip link set lo up && exec $(VENV)/bin/feedline bench --pipeline image-train --data $(BENCH_DATA) --remote-workers 1 --json bench-remote-image-train.json'
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -rs --strict-markers --durations=15 tests
 
 clean:
 	rm -rf $(VENV) data bench-*.json

@@ -2,6 +2,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from gpu_guard import pytest_runtest_setup  # noqa: F401  (skips a `gpu` test only where no GPU is)
+
 
 def _photo_like(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
     """Smooth gradients with soft blobs: structure that resizes like a photo, not noise."""

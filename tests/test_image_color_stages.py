@@ -31,7 +31,7 @@ from feedline.pipelines.imaging.grayscale import Grayscale
 from feedline.pipelines.imaging.rotate import Rotate
 from feedline.pipelines.imaging.types import Dtype, ImageType
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]  # skipped only where there is no GPU (conftest)
 SIZES = [(1, 1), (1, 9), (8, 1), (2, 2), (3, 5), (7, 7), (16, 16), (31, 17), (64, 63), (227, 301)]
 
 

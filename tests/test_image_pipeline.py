@@ -123,3 +123,39 @@ def test_grayscale_and_png_decode_to_rgb(tmp_path):
         assert_close_uint8(batch["image"][k].numpy(), expected)
 
 
+
+
+def test_resize_to_height_and_width_equals_torchvision(image_dir):
+    """``resize((h, w))``: both sides to the given size (not the shorter side), as torchvision's
+    ``resize(img, [h, w], antialias=True)`` on the PIL-decoded image."""
+    spec = image.pipeline(image_dir, [image.decode(), image.resize((45, 70))])
+    batch = one_batch(spec, 8)
+    assert batch["image"].shape == (8, 45, 70, 3) and batch["image"].dtype == torch.uint8
+    for k, i in enumerate(batch["index"].tolist()):
+        expected = np.asarray(F.resize(reference_pixels(paths(spec)[i]), [45, 70], antialias=True))
+        assert_close_uint8(batch["image"][k].numpy(), expected)
+
+
+def _resized(image_dir, *after):
+    return one_batch(image.pipeline(image_dir, [image.decode(), image.resize((48, 40)), *after]), 8)["image"]
+
+
+def test_vertical_flip_equals_torchvision(image_dir):
+    plain = _resized(image_dir).permute(0, 3, 1, 2)  # CHW, as torchvision takes tensors
+    always = _resized(image_dir, image.vertical_flip(1.0)).permute(0, 3, 1, 2)
+    assert torch.equal(always, F.vertical_flip(plain))
+    assert torch.equal(_resized(image_dir, image.vertical_flip(0.0)).permute(0, 3, 1, 2), plain)
+    sometimes = _resized(image_dir, image.vertical_flip(0.5)).permute(0, 3, 1, 2)
+    flipped = [torch.equal(s, F.vertical_flip(p)) for s, p in zip(sometimes, plain)]
+    assert all(f or torch.equal(s, p) for f, s, p in zip(flipped, sometimes, plain))
+    assert 0 < sum(flipped) < len(flipped)  # both branches taken with this seed
+
+
+@pytest.mark.parametrize("mean,std", [((0.5, 0.25, 0.75), (0.2, 0.4, 0.3)), ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
+                                      (image.IMAGENET_MEAN, image.IMAGENET_STD)])
+def test_normalize_with_any_mean_and_std_equals_torchvision(image_dir, mean, std):
+    plain = _resized(image_dir).permute(0, 3, 1, 2)
+    got = _resized(image_dir, image.normalize(mean, std))
+    expected = F.normalize(plain.to(torch.float32) / 255, list(mean), list(std))
+    assert got.dtype == torch.float32 and got.shape == expected.shape == (8, 3, 48, 40)
+    torch.testing.assert_close(got, expected, rtol=0, atol=2e-6 / min(std))

@@ -115,13 +115,17 @@ def test_gpu_placement_without_gpu_is_a_clear_error(small_train):
     assert Loader(small_train, batch_size=4, placement="auto").placement["decode"] == "cpu"
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("placement", ["gpu", {"random_resized_crop": "gpu"}, {"normalize": "gpu"}])
+def val_uint8(data):
+    return image.val(data, output="uint8")
+
+
+@pytest.mark.gpu(pipeline=val_uint8)
+@pytest.mark.parametrize("placement", ["gpu", {"resize": "gpu"}, {"center_crop": "gpu"}])
 def test_gpu_placements_equal_cpu(image_dir, placement):
-    spec = image.val(image_dir, output="uint8")
+    spec = val_uint8(image_dir)
     cpu = next(iter(Loader(spec, batch_size=8, shuffle=False, placement="cpu")))
     gpu = next(iter(Loader(spec, batch_size=8, shuffle=False, placement=placement, device="cuda")))
+    assert gpu["image"].is_cuda and torch.equal(cpu["index"], gpu["index"].cpu())
     assert (cpu["image"].int() - gpu["image"].cpu().int()).abs().max() <= 1
 
 
