@@ -52,13 +52,18 @@ class Loader:
                  last_batch: LastBatch | str = LastBatch.PARTIAL, rank: int | None = None,
                  world_size: int | None = None, num_threads: int | None = None, prefetch: int = 2,
                  on_error: OnError | str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS,
-                 shuffle_buffer: int | None = None, remote: RayWorkers | None = None, **dataloader_arguments):
+                 max_batch_pixels: int | None = None, shuffle_buffer: int | None = None,
+                 remote: RayWorkers | None = None, **dataloader_arguments):
         refuse(dataloader_arguments, self.__init__)
         if not isinstance(pipeline, PipelineSpec):
             raise TypeError(f"pipeline must be a feedline pipeline definition (e.g. feedline.pipelines.image.train"
                             f"(...)), got {type(pipeline).__name__}")
         rank, world_size = default_rank_world(rank, world_size)
         num_threads = work_counts(num_threads, prefetch, max_pixels)
+        if max_batch_pixels is not None and (isinstance(max_batch_pixels, bool) or not isinstance(max_batch_pixels, int)
+                                             or max_batch_pixels < max_pixels):
+            raise ValueError(f"max_batch_pixels must be an integer of at least max_pixels ({max_pixels}), so that "
+                             f"one image of max_pixels fits a batch; got {max_batch_pixels!r}")
         self.pipeline = pipeline
         self.on_error = on_error_of(pipeline, on_error)
         requested_device = parse_device(device)
@@ -82,7 +87,7 @@ class Loader:
         self.sampler = self._order(batch_size, seed, shuffle=pipeline.default_shuffle if shuffle is None else shuffle,
                                    rank=rank, world_size=world_size, last_batch=parse_last_batch(last_batch))
         self.config = RunnerConfig(cut, self.device, self.sampler.batch_size, self.sampler.seed, num_threads,
-                                   prefetch, self.on_error, max_pixels)
+                                   prefetch, self.on_error, max_pixels, max_batch_pixels=max_batch_pixels)
         self.remote = remote
         # The workers used: all of them with a fixed placement; with "auto", as many as pay, decided at the start.
         self._remote_workers = remote if placement != "auto" else None

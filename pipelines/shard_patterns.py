@@ -5,13 +5,17 @@ Brace expansion follows ``braceexpand`` (which webdataset uses): ``{a,b,c}`` lis
 ``{0000..0127}`` are integer ranges (a bound written with a leading zero pads every number to the wider bound's
 width), ``{1..9..2}`` has a step, ``{a..e}`` is a letter range, braces nest, and a brace pair holding neither a
 comma nor a range stays literal. Backslash has no special meaning (a file whose name holds braces is given in a
-list). Pure functions of the pattern and the file system; nothing here reads a shard."""
+list). A glob never matches the files feedline writes beside shards (``pipelines.own_files``), even one that
+reaches hidden files such as ``shards/.*``. Pure functions of the pattern and the file system; nothing here
+reads a shard."""
 from __future__ import annotations
 
 import glob
 import itertools
 import os
 import re
+
+from .own_files import is_own_file
 
 _INT_RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?")
 _CHAR_RANGE = re.compile(r"([A-Za-z])\.\.([A-Za-z])(?:\.\.-?(\d+))?")
@@ -122,7 +126,7 @@ def shard_paths(shards: str | tuple[str, ...]) -> tuple[str, ...]:
     missing: list[str] = []
     for name in names:
         if has_glob(name):
-            found.extend(sorted(m for m in glob.glob(name) if os.path.isfile(m)))
+            found.extend(sorted(m for m in glob.glob(name) if os.path.isfile(m) and not is_own_file(m)))
         elif os.path.isfile(name):
             found.append(name)
         elif os.path.isdir(name):

@@ -1,6 +1,8 @@
 """webdataset tar shards as an image source: the same samples as a folder of the same images, every way of naming
-shards, sharding across ranks, resume, on_error for every bad shard or member, and the cached per-shard index."""
+shards, sharding across ranks, resume, on_error for every bad shard or member, and the per-shard index kept in a
+sidecar (tests/test_hostile_shards.py: crafted headers, caches that must not be trusted)."""
 import argparse
+import glob
 import io
 import json
 import os
@@ -14,10 +16,11 @@ from PIL import Image
 from feedline.benchmarks.data.images import make_images
 from feedline.loader import DataError, Loader
 from feedline.loader import cli
-from feedline.loader.sources import open_source
+from feedline.loader.sources import index_store, open_source
 from feedline.loader.sources import webdataset as wds_source
 from feedline.pipelines import image
 from feedline.pipelines.image_sources import FileList, ImageFolder, WebDataset, image_source
+from feedline.pipelines.own_files import sidecar_name
 from feedline.pipelines.shard_patterns import expand_braces
 
 from conftest import _photo_like
@@ -106,7 +109,7 @@ def test_data_is_told_apart_and_bad_names_are_errors(made, tmp_path):
         image.train([str(out / "train-000000.tar"), str(out / "gone.tar")])
     with pytest.raises(FileNotFoundError, match=r"gone\.tar"):
         image.train(str(out / "gone.tar"))
-    with pytest.raises(ValueError, match="list of shards is empty"):
+    with pytest.raises(ValueError, match="data is an empty list"):
         image.train([])
     with pytest.raises(ValueError, match="unbalanced braces"):
         image.train(str(out / "train-{0..3.tar"))
@@ -240,50 +243,66 @@ def test_a_shard_deleted_after_declaring_is_named(tmp_path):
         Loader(spec, batch_size=4, placement="cpu")
 
 
-def test_index_is_cached_reused_and_rebuilt_when_the_shard_changes(tmp_path, monkeypatch):
+@pytest.fixture
+def fresh_index_store(monkeypatch):
+    monkeypatch.delenv(index_store.INDEX_DIR_ENV, raising=False)
+    index_store.forget_memory()
+    yield
+    index_store.forget_memory()
+
+
+def _count_scans(monkeypatch) -> list:
+    scans = []
+    real = wds_source.list_members
+
+    def counted(read_at, size):
+        scans.append(size)
+        return real(read_at, size)
+
+    monkeypatch.setattr(wds_source, "list_members", counted)
+    return scans
+
+
+def test_index_is_cached_reused_and_rebuilt_when_the_shard_changes(tmp_path, monkeypatch, fresh_index_store):
     shard = tmp_path / "s0.tar"
     good_shard(shard, 0)
     source = WebDataset(str(shard))
+    scans = _count_scans(monkeypatch)
     first = open_source(source)
-    cache = tmp_path / ".s0.tar.feedline-idx"
-    doc = json.loads(cache.read_text())
-    assert doc["format"] == "feedline-webdataset-index" and doc["shard_size"] == shard.stat().st_size
-    assert [m[0] for m in doc["members"]][:2] == ["k00.jpg", "k00.cls"] and doc["members"][1][3] == "0\n"
+    sidecar = tmp_path / sidecar_name("s0.tar", wds_source.INDEX_KIND)
+    doc = json.loads(sidecar.read_text())
+    assert doc["kind"] == "members" and doc["fingerprint"]["size"] == shard.stat().st_size
+    members = doc["payload"]["members"]
+    assert [m[0] for m in members][:2] == ["k00.jpg", "k00.cls"] and members[1][3] == "0\n"
+    assert glob.glob(str(tmp_path / "*")) == [str(shard)]  # hidden: the user's globs never take it for a shard
 
-    def no_scan(*args, **kwargs):
-        raise AssertionError("the shard was scanned again")
-
-    with monkeypatch.context() as patched:
-        patched.setattr(tarfile, "open", no_scan)
-        again = open_source(source)  # from the cache file
+    again = open_source(source)  # from the sidecar
+    assert len(scans) == 1
     assert again.paths == first.paths and np.array_equal(again.labels, first.labels)
     assert np.array_equal(again.read(3), first.read(3))
 
     write_shard(shard, [m for k in range(6) for m in sample(f"n{k}", k, 2)])  # changed: 6 samples
-    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 10**9))
     changed = open_source(source)
-    assert len(changed) == 6 and changed.labels.tolist() == [2] * 6
-    assert json.loads(cache.read_text())["shard_mtime_ns"] == shard.stat().st_mtime_ns
+    assert len(scans) == 2 and len(changed) == 6 and changed.labels.tolist() == [2] * 6
 
 
-def test_an_unwritable_folder_keeps_the_index_in_memory_and_warns_once(tmp_path, monkeypatch):
+def test_an_unwritable_folder_keeps_the_index_in_memory_and_says_so_once(tmp_path, monkeypatch, caplog,
+                                                                          fresh_index_store):
     paths = [str(tmp_path / f"s{k}.tar") for k in range(2)]
     good_shard(paths[0], 0)
     good_shard(paths[1], 4)
 
-    def refuse(path, index):
-        raise PermissionError(13, "Permission denied", path)
+    def read_only(target, text):  # what a read-only mount answers
+        raise OSError(30, "Read-only file system")
 
-    monkeypatch.setattr(wds_source, "_save", refuse)
-    with pytest.warns(RuntimeWarning, match="kept in memory") as warned:
+    monkeypatch.setattr(index_store, "_write", read_only)
+    with caplog.at_level("WARNING", logger="feedline"):
         first = open_source(WebDataset(tuple(paths)))
-    assert len(warned) == 1 and not list(tmp_path.glob(".*.feedline-idx"))
-
-    def no_scan(*args, **kwargs):
-        raise AssertionError("the shard was scanned again")
-
-    monkeypatch.setattr(tarfile, "open", no_scan)
+    assert sum("cannot keep" in r.message for r in caplog.records) == 1
+    assert sorted(os.listdir(tmp_path)) == ["s0.tar", "s1.tar"]
+    scans = _count_scans(monkeypatch)
     assert open_source(WebDataset(tuple(paths))).paths == first.paths
+    assert not scans
 
 
 def test_bench_and_plan_take_shard_patterns(made):

@@ -39,6 +39,7 @@ class RunnerConfig:
     prefetch: int = 2
     on_error: OnError = OnError.RAISE
     max_pixels: int = 1 << 27
+    max_batch_pixels: int | None = None  # decoded pixels per image batch (None: runners.images.default_batch_pixels)
     # Each plan makes its own batch, from its own samples only (a bad one's slot becomes padding rather than
     # being filled from the next plan's): plans can then be made in different processes, in any order.
     isolated_plans: bool = False

@@ -35,8 +35,15 @@ from .contract import BatchInfo, RunnerConfig, StageTimes
 from .image_torch import TorchStages, as_nchw, one_thread
 
 log = logging.getLogger("feedline")
+PIXELS_PER_IMAGE = 1 << 24  # the default batch budget's share per image: 16.8 megapixels (48 MiB of RGB)
 _FAILED_SAMPLE = re.compile(r"Failed to decode sample #(\d+)")
 _DRY_SIZE = 256  # the dummy image size whose parameters give the kinds of DALI's inputs
+
+
+def default_batch_pixels(batch_size: int, max_pixels: int) -> int:
+    """The decoded pixels a batch may hold when ``max_batch_pixels`` is not given: ``PIXELS_PER_IMAGE`` per
+    image of the batch, and never less than one image of ``max_pixels``."""
+    return max(batch_size * PIXELS_PER_IMAGE, max_pixels)
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,7 @@ class ImageRunner:
         self.prefetch = config.prefetch
         self.on_error = config.on_error
         self.max_pixels = config.max_pixels
+        self.max_batch_pixels = config.max_batch_pixels or default_batch_pixels(config.batch_size, config.max_pixels)
         self.isolated_plans = config.isolated_plans
         import nvidia.dali  # noqa: F401  (now, on this thread: its exit hook must be registered before the Loader's)
 
@@ -161,8 +169,7 @@ class ImageRunner:
     def _read(self, sample: Sample) -> tuple[np.ndarray, np.ndarray]:
         if sample.index in self._undecodable:
             raise self._undecodable[sample.index]
-        data = self.source.read(sample.index)
-        return data, self.source.size(sample.index, data, self.max_pixels)
+        return self.source.read_checked(sample.index, self.max_pixels)
 
     def _skip(self, error: DataError, sample: Sample) -> None:
         if sample.index not in self._skipped_indices:
@@ -219,8 +226,10 @@ class ImageRunner:
 
     def _take(self, more) -> tuple[list, list, list, list]:
         """Samples off the queue while ``more(sample, good so far)``, each read: taken, the good ones, their
-        bytes and sizes (a bad one raises, or with on_error="skip" is listed and left out)."""
+        bytes and sizes (a bad one raises, or with on_error="skip" is listed and left out). The good ones'
+        header pixels stay within ``max_batch_pixels`` (see ``_within_budget``)."""
         taken, good, encoded, sizes = [], [], [], []
+        pixels = 0
         while True:
             sample = self._queue.peek()
             if sample is None or not more(sample, good):
@@ -236,6 +245,33 @@ class ImageRunner:
             good.append(sample)
             encoded.append(data)
             sizes.append(size)
+            pixels = self._within_budget(good, encoded, sizes, pixels + int(size[0]) * int(size[1]))
+
+    def _within_budget(self, good: list[Sample], encoded: list, sizes: list, pixels: int) -> int:
+        """The batch's pixels once it is within budget. An image above its share of the budget
+        (``max_batch_pixels / batch_size``) is at fault only where the batch would pass the budget: then the
+        largest such image of the batch raises a DataError, or with on_error="skip" is left out, until the batch
+        fits. Images within their share always fit together, so no ordinary image is ever blamed."""
+        share = self.max_batch_pixels // self.batch_size
+        while pixels > self.max_batch_pixels:
+            k = max(range(len(sizes)), key=lambda j: int(sizes[j][0]) * int(sizes[j][1]))
+            error = self._over_budget(k, good, sizes, pixels, share)
+            if self.on_error is OnError.RAISE:
+                raise error
+            self._skip(error, good[k])
+            pixels -= int(sizes[k][0]) * int(sizes[k][1])
+            del good[k], encoded[k], sizes[k]
+        return pixels
+
+    def _over_budget(self, k: int, good: list[Sample], sizes: list, total: int, share: int) -> DataError:
+        w, h = int(sizes[k][0]), int(sizes[k][1])
+        others = sorted((j for j in range(len(good)) if j != k), key=lambda j: -int(sizes[j][0]) * int(sizes[j][1]))
+        named = ", ".join(f"{self.source.where(good[j].index)} ({int(sizes[j][0])}x{int(sizes[j][1])})"
+                          for j in others[:3])
+        return DataError(self.source.where(good[k].index),
+                         f"its {w}x{h} pixels (above its share of {share} of the batch's budget) with those of the "
+                         f"batch's {len(good) - 1} other images (largest: {named or 'none'}) make {total} decoded "
+                         f"pixels, above the batch's budget of {self.max_batch_pixels} (max_batch_pixels)")
 
     def _prepare(self, batch: HostBatch, encoded: list, sizes: list) -> HostBatch:
         """``batch`` with its good samples' stage parameters and DALI feeds."""
@@ -340,8 +376,10 @@ class ImageRunner:
             self._pixels += np.asarray(host.pixels) * len(host.good)
         indices = np.array([s.index for s in host.good], dtype=np.int64)
         valid = np.array([s.valid for s in host.good], dtype=bool)
-        batch = {"image": self._images(images, host), "label": torch.from_numpy(self.source.labels[indices]),
-                 "index": torch.from_numpy(indices)}
+        batch = {"image": self._images(images, host)}
+        if self.source.labels is not None:
+            batch["label"] = torch.from_numpy(self.source.labels[indices])
+        batch["index"] = torch.from_numpy(indices)
         if not valid.all():
             batch["valid"] = torch.from_numpy(valid)
         return self._padded(batch, host.pad) if host.pad else batch
@@ -351,10 +389,12 @@ class ImageRunner:
         ``valid`` False."""
         image = batch["image"]
         valid = batch.get("valid", torch.ones(image.shape[0], dtype=torch.bool))
-        return {"image": torch.cat([image, image.new_zeros((pad, *image.shape[1:]))]),
-                "label": torch.cat([batch["label"], torch.full((pad,), -1, dtype=torch.int64)]),
-                "index": torch.cat([batch["index"], torch.full((pad,), -1, dtype=torch.int64)]),
-                "valid": torch.cat([valid, torch.zeros(pad, dtype=torch.bool)])}
+        padded = {"image": torch.cat([image, image.new_zeros((pad, *image.shape[1:]))])}
+        if "label" in batch:
+            padded["label"] = torch.cat([batch["label"], torch.full((pad,), -1, dtype=torch.int64)])
+        padded["index"] = torch.cat([batch["index"], torch.full((pad,), -1, dtype=torch.int64)])
+        padded["valid"] = torch.cat([valid, torch.zeros(pad, dtype=torch.bool)])
+        return padded
 
     def _padding(self, host: HostBatch) -> dict[str, torch.Tensor]:
         """A batch of padding only: its epoch ran out of good samples before its planned batches did."""
@@ -362,8 +402,10 @@ class ImageRunner:
         h, w = out.size
         row = (h, w, out.channels) if out.dtype is Dtype.UINT8 else (out.channels, h, w)
         dtype = torch.uint8 if out.dtype is Dtype.UINT8 else torch.float32
-        empty = {"image": torch.zeros((0, *row), dtype=dtype, device=self.device),
-                 "label": torch.zeros(0, dtype=torch.int64), "index": torch.zeros(0, dtype=torch.int64)}
+        empty = {"image": torch.zeros((0, *row), dtype=dtype, device=self.device)}
+        if self.source.labels is not None:
+            empty["label"] = torch.zeros(0, dtype=torch.int64)
+        empty["index"] = torch.zeros(0, dtype=torch.int64)
         return self._padded(empty, host.pad)
 
     def _recover(self, exc: RuntimeError) -> None:

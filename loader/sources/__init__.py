@@ -1,9 +1,9 @@
 """Opening a pipeline's source: what the declaration names becomes something that reads samples by index."""
 from __future__ import annotations
 
-from ...pipelines.image_sources import FileList, ImageFolder, WebDataset
+from ...pipelines.image_sources import FileList, ImageFolder, ImageList, WebDataset
 from ...pipelines.tabular import FileFormat, TabularFiles
-from .image_files import ImageFiles, open_folder, open_list
+from .image_files import ImageFiles, open_folder, open_image_list, open_list
 from .chunked import ChunkedTable
 
 
@@ -15,6 +15,8 @@ def open_source(declared, *, cache_rows: int = 1 << 18) -> ImageFiles | ChunkedT
         return open_folder(declared)
     if isinstance(declared, FileList):
         return open_list(declared)
+    if isinstance(declared, ImageList):
+        return open_image_list(declared)
     if isinstance(declared, WebDataset):
         from .webdataset import open_webdataset
         return open_webdataset(declared)
@@ -27,8 +29,8 @@ def open_source(declared, *, cache_rows: int = 1 << 18) -> ImageFiles | ChunkedT
             return ChunkedTable(declared, ColumnarFormat(declared.columns), cache_rows=cache_rows)
         from .parquet import ParquetFormat
         return ChunkedTable(declared, ParquetFormat(declared.columns), cache_rows=cache_rows)
-    raise TypeError(f"a pipeline's source must be an image folder, a file list or tabular files, "
-                    f"got {type(declared).__name__}")
+    raise TypeError(f"a pipeline's source must be an image folder, a file list, image paths, webdataset shards or "
+                    f"tabular files, got {type(declared).__name__}")
 
 
 __all__ = ["open_source", "ImageFiles", "ChunkedTable"]

@@ -1,36 +1,34 @@
 """Opening webdataset tar shards: every shard indexed once (member names, data offsets and sizes, the text of its
-``.cls`` labels), the index cached beside the shard, and each sample's image read with one ``os.pread`` of its
+``.cls`` labels), the index kept for the next run, and each sample's image read with one ``os.pread`` of its
 member's bytes.
 
-The index of ``dir/train-0003.tar`` is ``dir/.train-0003.tar.feedline-idx`` (a hidden file, so a glob such as
-``dir/*`` never takes it for a shard), JSON::
+Indexing reads the tar headers with :mod:`.tar_headers`, which checks every field before using it (sizes,
+checksums, pax records) and only moves forward, so a crafted shard ends its scan with a reason instead of
+hanging it. The index is kept by :mod:`.index_store` (a hidden sidecar ``.<shard>.feedline-members`` beside the
+shard, else ``FEEDLINE_INDEX_DIR``, else this process's memory) and used only while the shard's content
+fingerprint is the one it was made from; every value read back is checked again (offsets and sizes inside the
+shard and in archive order, names, label texts), and an index that fails a check is rebuilt. The payload::
 
-    {"format": "feedline-webdataset-index", "version": 1,
-     "shard_size": <bytes>, "shard_mtime_ns": <st_mtime_ns>,
-     "members": [[name, data_offset, size], [name, data_offset, size, "<text of a .cls member>"], ...],
-     "end": null | "<why the scan stopped before the end of the archive>"}
+    {"members": [[name, data_offset, size], [name, data_offset, size, "<text of a .cls member>"], ...],
+     "end": null | "<why the scan stopped before the end of the archive>", "end_member": null | "<name>"}
 
 ``members`` lists the regular files in archive order; a ``.cls`` member of at most 64 bytes that lies inside the
-file carries its text (latin-1, so any bytes survive). The index is used only while the shard's size and
-modification time are the ones it records; otherwise the shard is scanned again. Where the folder cannot be
-written, the index is kept in memory for this process (one warning per folder).
+file carries its text (latin-1, so any bytes survive). A file that holds no tar header at all is not indexed
+into a sidecar (nothing is written beside a file that is not a shard).
 
 Problems found while indexing (a member without its ``.cls``, a ``.cls`` without an image, a label that is not a
 non-negative integer, a member whose data lies past the end of a truncated shard) belong to their sample: it keeps
 its index and its ``read`` raises a DataError naming ``shard:member``, so the Loader's ``on_error`` raises or
 skips it like any bad image file. A shard that holds no sample at all (empty, not a tar file, or cut before its
 first sample), or whose archive stops early with every listed sample whole, is one such bad sample itself, named
-by the shard's path.
+by the shard's path, or by ``shard:member`` where a member's header was invalid.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
-import tarfile
 import threading
-import warnings
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,12 +37,13 @@ import numpy as np
 
 from ...pipelines.image_sources import IMAGE_EXTENSIONS, WebDataset
 from ..errors import DataError
-from .image_files import ImageFiles
+from . import index_store
+from .image_files import ImageFiles, OpenedSample
+from .tar_headers import BLOCK, list_members
 
 log = logging.getLogger("feedline")
 
-INDEX_FORMAT, INDEX_VERSION = "feedline-webdataset-index", 1
-INDEX_SUFFIX = ".feedline-idx"
+INDEX_KIND, INDEX_VERSION = "members", 2
 LABEL_EXTENSION = "cls"
 IMAGE_MEMBER_EXTENSIONS = tuple(e[1:] for e in IMAGE_EXTENSIONS)  # jpg, jpeg, png, ...
 MAX_LABEL_BYTES = 64
@@ -55,165 +54,117 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _SCAN_THREADS = 8
 _IMAGE_NAMES = ", ".join(f".{e}" for e in IMAGE_MEMBER_EXTENSIONS)
 
-_memory_lock = threading.Lock()
-_memory: dict[tuple[str, int, int], ShardIndex] = {}  # indexes that could not be written beside their shard
-_warned_folders: set[str] = set()
-
 
 @dataclass(frozen=True)
 class ShardIndex:
-    """One shard's index: ``members`` as ``(name, data_offset, size, label_text | None)`` in archive order, and
-    ``end``, why the scan stopped before a proper end of the archive (None when it did not)."""
+    """One shard's index: ``members`` as ``(name, data_offset, size, label_text | None)`` in archive order,
+    ``end``, why the scan stopped before a proper end of the archive (None when it did not), and
+    ``end_member``, the member whose header stopped it (where its name could be read)."""
 
     size: int
-    mtime_ns: int
     members: tuple[tuple[str, int, int, str | None], ...]
     end: str | None
-
-
-def index_path(shard: str) -> str:
-    folder, name = os.path.split(shard)
-    return os.path.join(folder, f".{name}{INDEX_SUFFIX}")
+    end_member: str | None = None
 
 
 def shard_index(shard: str) -> ShardIndex:
-    """The index of ``shard``: from the cache file beside it while it matches the shard's size and modification
-    time, else from this process's memory, else scanned (and cached)."""
-    stat = os.stat(shard)
-    cached = _load(index_path(shard), stat)
-    if cached is not None:
-        return cached
-    key = (os.path.realpath(shard), stat.st_size, stat.st_mtime_ns)
-    with _memory_lock:
-        cached = _memory.get(key)
-    if cached is not None:
-        return cached
-    index = scan(shard, stat)
-    try:
-        _save(index_path(shard), index)
-    except OSError as exc:
-        with _memory_lock:
-            _memory[key] = index
-            folder = os.path.dirname(os.path.abspath(shard))
-            first = folder not in _warned_folders
-            _warned_folders.add(folder)
-        if first:
-            warnings.warn(f"feedline: cannot write the webdataset index {index_path(shard)!r} "
-                          f"({exc.strerror or exc}); the indexes of shards in {folder!r} are kept in memory by "
-                          f"this process only, and every new process scans those shards again",
-                          RuntimeWarning, stacklevel=2)
+    """The index of ``shard``: the one kept for its current content when every value in it checks out,
+    else scanned (and kept)."""
+    fingerprint = index_store.Fingerprint.of(shard)
+    kept = index_store.load(shard, INDEX_KIND, INDEX_VERSION, fingerprint)
+    if kept is not None:
+        index = from_payload(kept, fingerprint.size)
+        if index is not None:
+            return index
+    index, is_tar = _scan(shard, fingerprint.size)
+    if is_tar:
+        index_store.save(shard, INDEX_KIND, INDEX_VERSION, fingerprint, to_payload(index))
     return index
 
 
-def scan(shard: str, stat: os.stat_result | None = None) -> ShardIndex:
-    """Lists ``shard``'s regular members with ``tarfile``, stopping cleanly where the archive ends early or turns
+def scan(shard: str) -> ShardIndex:
+    """Lists ``shard``'s regular members from its tar headers, stopping where the archive ends early or turns
     invalid, then reads the text of its short ``.cls`` members."""
-    stat = stat or os.stat(shard)
-    size = stat.st_size
-    members: list[tuple[str, int, int]] = []
-    end = None
+    return _scan(shard, os.stat(shard).st_size)[0]
+
+
+def _scan(shard: str, size: int) -> tuple[ShardIndex, bool]:
+    """The index, and whether the file holds a tar header at all."""
+    fd = os.open(shard, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
-        archive = tarfile.open(shard, mode="r:")
-    except tarfile.ReadError as exc:
-        return ShardIndex(size, stat.st_mtime_ns, (), _unreadable(shard, size, exc))
-    with archive:
-        while True:
-            try:
-                member = archive.next()
-            except tarfile.ReadError as exc:
-                end = _stopped(members, size, exc)
-                break
-            if member is None:
-                end = _end_of_archive(shard, archive.offset, size)
-                break
-            if member.isreg():
-                members.append((member.name, member.offset_data, member.size))
-    return ShardIndex(size, stat.st_mtime_ns, _with_labels(shard, members, size), end)
+        size = os.fstat(fd).st_size
+        listing = list_members(lambda at, n: os.pread(fd, n, at), size)
+        if listing.headers == 0 and listing.end is not None:
+            return ShardIndex(size, (), _unreadable(fd, size, listing.end)), False
+        members = _with_labels(fd, listing.members, size)
+    finally:
+        os.close(fd)
+    return ShardIndex(size, members, listing.end, listing.end_member), True
 
 
-def _unreadable(shard: str, size: int, exc: Exception) -> str:
+def _unreadable(fd: int, size: int, why: str) -> str:
     if size == 0:
         return "the shard is empty (0 bytes)"
-    with open(shard, "rb") as f:
-        head = f.read(2)
-    if head == _GZIP_MAGIC:
+    if os.pread(fd, 2, 0) == _GZIP_MAGIC:
         return ("the shard is gzip-compressed; members are read by their offsets, so shards must be "
                 "uncompressed .tar files")
-    return f"not a tar file ({exc})"
+    return f"not a tar file ({why})"
 
 
-def _stopped(members: list[tuple[str, int, int]], size: int, exc: Exception) -> str:
-    if not members:
-        return f"the tar archive is corrupt ({exc})"
-    name, offset, length = members[-1]
-    if offset + length > size:
-        return (f"the shard is truncated: it ends at byte {size}, inside member {name!r} "
-                f"(bytes {offset}..{offset + length})")
-    return f"the shard is truncated: it ends at byte {size}, right after member {name!r} ({exc})"
-
-
-def _end_of_archive(shard: str, at: int, size: int) -> str | None:
-    """Why the members ended at byte ``at``: None for tar's end-of-archive block of zeros."""
-    with open(shard, "rb") as f:
-        f.seek(at)
-        block = f.read(tarfile.BLOCKSIZE)
-    if len(block) == tarfile.BLOCKSIZE and not block.strip(b"\0"):
-        return None
-    if not block:
-        return (f"the shard is truncated: it ends at byte {size} without tar's end-of-archive blocks, so members "
-                f"after that point are missing")
-    if len(block) < tarfile.BLOCKSIZE:
-        return f"the shard is truncated: it ends at byte {size}, inside the tar header that starts at byte {at}"
-    return f"invalid tar header at byte {at}: the members from there on cannot be read"
-
-
-def _with_labels(shard: str, members: list[tuple[str, int, int]], size: int
+def _with_labels(fd: int, members: tuple[tuple[str, int, int], ...], size: int
                  ) -> tuple[tuple[str, int, int, str | None], ...]:
-    wanted = [k for k, (name, offset, length) in enumerate(members)
-              if offset + length <= size and length <= MAX_LABEL_BYTES and _extension(name) == LABEL_EXTENSION]
-    texts: dict[int, str] = {}
-    if wanted:
-        fd = os.open(shard, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
-            for k in wanted:
-                _, offset, length = members[k]
-                texts[k] = os.pread(fd, length, offset).decode("latin-1")
-        finally:
-            os.close(fd)
-    return tuple((name, offset, length, texts.get(k)) for k, (name, offset, length) in enumerate(members))
+    return tuple((name, offset, length, os.pread(fd, length, offset).decode("latin-1")
+                  if _carries_text(name, offset, length, size) else None)
+                 for name, offset, length in members)
 
 
-def _load(path: str, stat: os.stat_result) -> ShardIndex | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-        if (doc.get("format") != INDEX_FORMAT or doc.get("version") != INDEX_VERSION
-                or doc.get("shard_size") != stat.st_size or doc.get("shard_mtime_ns") != stat.st_mtime_ns):
+def _carries_text(name: str, offset: int, length: int, size: int) -> bool:
+    return offset + length <= size and length <= MAX_LABEL_BYTES and _extension(name) == LABEL_EXTENSION
+
+
+def to_payload(index: ShardIndex) -> dict:
+    return {"members": [[n, o, s] if t is None else [n, o, s, t] for n, o, s, t in index.members],
+            "end": index.end, "end_member": index.end_member}
+
+
+def from_payload(payload: dict, size: int) -> ShardIndex | None:
+    """The index that ``payload`` holds for a shard of ``size`` bytes, or None where any value is not one that
+    a scan of such a shard could have produced: then the shard is scanned again."""
+    members = payload.get("members")
+    end, end_member = payload.get("end"), payload.get("end_member")
+    if not isinstance(members, list) or not _optional_text(end) or not _optional_text(end_member):
+        return None
+    out = []
+    next_header = 0  # members lie in archive order, each after its own header
+    for k, member in enumerate(members):
+        if not isinstance(member, list) or len(member) not in (3, 4):
             return None
-        members = tuple((str(m[0]), int(m[1]), int(m[2]), None if len(m) < 4 else str(m[3]))
-                        for m in doc["members"])
-        end = doc.get("end")
-        return ShardIndex(stat.st_size, stat.st_mtime_ns, members, None if end is None else str(end))
-    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
-        return None  # absent, unreadable or not ours: scan the shard again
+        name, offset, length = member[:3]
+        text = member[3] if len(member) == 4 else None
+        if not isinstance(name, str) or not name or "\0" in name or not _count(offset) or not _count(length):
+            return None
+        if offset % BLOCK or offset < next_header + BLOCK:
+            return None
+        if offset + length > size and (k != len(members) - 1 or end is None):
+            return None  # only the last member of a truncated shard reaches past its end
+        if (text is not None) != _carries_text(name, offset, length, size):
+            return None
+        if text is not None and (not isinstance(text, str) or len(text) != length
+                                 or any(ord(c) > 0xFF for c in text)):
+            return None
+        next_header = offset + -(-length // BLOCK) * BLOCK
+        out.append((name, offset, length, text))
+    if end is None and next_header + BLOCK > size:
+        return None  # a proper end of the archive needs its end-of-archive block inside the file
+    return ShardIndex(size, tuple(out), end, end_member)
 
 
-def _save(path: str, index: ShardIndex) -> None:
-    doc = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "shard_size": index.size,
-           "shard_mtime_ns": index.mtime_ns,
-           "members": [[n, o, s] if t is None else [n, o, s, t] for n, o, s, t in index.members],
-           "end": index.end}
-    temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # ranks may index the same shard at once
-    try:
-        with open(temporary, "w", encoding="utf-8") as f:
-            json.dump(doc, f, separators=(",", ":"))
-        os.replace(temporary, path)
-    except OSError:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _optional_text(value: object) -> bool:
+    return value is None or isinstance(value, str)
 
 
 def _split(name: str) -> tuple[str, str] | None:
@@ -245,8 +196,9 @@ class _Samples:
         self.placeholders = 0
 
     def add(self, where: str, shard: int, offset: int, size: int, label: int, problem: str | None) -> None:
-        if problem is not None:
+        if problem is not None:  # never read: its offset and size (which may be anything a header claimed) go
             self.problems[len(self.where)] = problem
+            offset = size = 0
         self.where.append(where)
         self.shard.append(shard)
         self.offset.append(offset)
@@ -288,11 +240,16 @@ class _Samples:
                 reason = f"no member is an image ({_IMAGE_NAMES}) or a label (.cls){found}"
             else:
                 reason = "the shard is a tar archive without members"
-            self.add(shard, number, 0, 0, -1, f"no samples: {reason}")
+            self.add(self._stop_where(shard, index), number, 0, 0, -1, f"no samples: {reason}")
             self.placeholders += 1
         elif index.end is not None and not end_told:
-            self.add(shard, number, 0, 0, -1, index.end)
+            self.add(self._stop_where(shard, index), number, 0, 0, -1, index.end)
             self.placeholders += 1
+
+    @staticmethod
+    def _stop_where(shard: str, index: ShardIndex) -> str:
+        """What a shard-level problem is named by: ``shard:member`` where a member's header stopped the scan."""
+        return f"{shard}:{index.end_member}" if index.end_member else shard
 
 
 def _problem(key: str, images: list, labels: list, shard_size: int) -> tuple[str | None, int, bool]:
@@ -348,7 +305,7 @@ class ShardImages(ImageFiles):
         """What indexing found wrong, by sample index (each raises from ``read``)."""
         return dict(self._problems)
 
-    def read(self, index: int) -> np.ndarray:
+    def open_sample(self, index: int) -> OpenedSample:
         where = self.paths[index]
         problem = self._problems.get(index)
         if problem is not None:
@@ -356,24 +313,8 @@ class ShardImages(ImageFiles):
         offset, length = int(self._offset[index]), int(self._length[index])
         if length == 0:
             raise DataError(where, "image member is empty (0 bytes)")
-        shard = int(self._shard[index])
-        fd, owned = self._open(shard)
-        try:
-            data = np.empty(length, dtype=np.uint8)
-            view, done = memoryview(data), 0
-            while done < length:
-                got = os.preadv(fd, [view[done:]], offset + done)
-                if got == 0:
-                    raise DataError(where, f"the shard is shorter than when it was indexed: the member needs bytes "
-                                           f"{offset}..{offset + length}, the shard ends at byte {offset + done} "
-                                           f"(changed or truncated after the dataset was listed)")
-                done += got
-            return data
-        except OSError as exc:
-            raise DataError(where, f"cannot be read: {exc.strerror or exc}") from None
-        finally:
-            if owned:
-                os.close(fd)
+        fd, owned = self._open(int(self._shard[index]))
+        return _Member(fd, offset, length, where, owned)
 
     def _open(self, shard: int) -> tuple[int, bool]:
         """A descriptor of the shard, and whether the caller closes it."""
@@ -404,6 +345,15 @@ class ShardImages(ImageFiles):
         """Closes the shards' descriptors (a later read opens them again)."""
         with self._fd_lock:
             _close_all(self._fds)
+
+
+class _Member(OpenedSample):
+    __slots__ = ()
+
+    def shorter(self, ends: int) -> str:
+        return (f"the shard is shorter than when it was indexed: the member needs bytes {self.start}.."
+                f"{self.start + self.length}, the shard ends at byte {self.start + ends} (changed or truncated "
+                f"after the dataset was listed)")
 
 
 def _close_all(fds: dict[int, int]) -> None:
@@ -447,3 +397,5 @@ def _index_of(shard: str) -> ShardIndex:
     except FileNotFoundError:
         raise FileNotFoundError(f"shard {shard!r} not found (deleted or moved while the dataset was "
                                 f"opened)") from None
+    except OSError as exc:  # unreadable: one bad sample named by the shard, raised or skipped when met
+        return ShardIndex(0, (), f"the shard cannot be read: {exc.strerror or exc}")
