@@ -139,10 +139,15 @@ class TorchStages:
             for step in run:
                 started = time.thread_time() if clock else 0.0
                 p = per_sample(params[step.k], i)
-                if writes and step is last:
-                    step.stage.torch(x, p, out=into[i])
-                else:
-                    x = step.stage.torch(x, p)
+                try:
+                    if writes and step is last:
+                        step.stage.torch(x, p, out=into[i])
+                    else:
+                        x = step.stage.torch(x, p)
+                except Exception as exc:
+                    exc.add_note(f"in image stage {step.stage.name!r} ({step.stage.describe()}), on image {i} of "
+                                 f"the batch: {x.dtype} {tuple(x.shape)} on {x.device}")
+                    raise
                 if clock:
                     self.seconds[step.stage.name] = self.seconds.get(step.stage.name, 0.0) + time.thread_time() - started
             if into is None:
@@ -156,7 +161,13 @@ class TorchStages:
 
     def _batch_step(self, step: TorchStep, images: torch.Tensor, params: dict, n: int, device: torch.device):
         started = time.thread_time() if self.seconds is not None else 0.0
-        out = check_batch(step, step.stage.torch_batch(images, params), n, self.graph.types[step.k], device)
+        try:
+            out = step.stage.torch_batch(images, params)
+        except Exception as exc:
+            exc.add_note(f"in image stage {step.stage.name!r} ({step.stage.describe()}), on a batch of {n} images: "
+                         f"{images.dtype} NCHW {tuple(images.shape)} on {images.device}")
+            raise
+        out = check_batch(step, out, n, self.graph.types[step.k], device)
         if self.seconds is not None:
             self.seconds[step.stage.name] = self.seconds.get(step.stage.name, 0.0) + time.thread_time() - started
         return out

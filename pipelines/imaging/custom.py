@@ -1,4 +1,4 @@
-"""A user's own function on a batch of images, placed like any other stage."""
+"""A user's own function on a batch of images, placed like any other stage, and checked when it is declared."""
 from __future__ import annotations
 
 import inspect
@@ -14,20 +14,45 @@ from .checks import name as check_name
 from .checks import size_pair
 from .types import Dtype, ImageType
 
+_DTYPES = {torch.uint8: Dtype.UINT8, torch.float32: Dtype.FLOAT32,
+           np.dtype(np.uint8): Dtype.UINT8, np.dtype(np.float32): Dtype.FLOAT32}
+
+
+def parse_dtype(owner: str, value: object) -> Dtype:
+    """``"uint8"``/``"float32"``, ``torch.uint8``/``torch.float32``, the NumPy ones, or a Dtype."""
+    if isinstance(value, Dtype):
+        return value
+    if isinstance(value, str):
+        try:
+            return Dtype(value)
+        except ValueError:
+            pass
+    else:
+        try:
+            key = value if isinstance(value, torch.dtype) else np.dtype(value)
+            if key in _DTYPES:
+                return _DTYPES[key]
+        except TypeError:
+            pass
+    raise ValueError(f"{owner}: dtype must be uint8 or float32 ('uint8', torch.uint8, np.uint8, ...), got {value!r}")
+
 
 @dataclass(frozen=True)
 class Custom(ImageStage):
     """``fn(images)`` or, with ``draws > 0``, ``fn(images, u)``: ``images`` is an ``NCHW`` torch tensor of one
     size on the device the stage is placed on (uint8 images are a channels-last view; float32 ones are
     contiguous), ``u`` a float64 tensor ``[N, draws]`` of the sample's own uniforms from the counter-based
-    stream (so the randomness is the same on every placement). It returns an ``NCHW`` tensor of the declared
-    type: the input's dtype and size unless ``dtype`` or ``size`` say otherwise."""
+    stream (so the randomness is the same on every placement). A function with a parameter named ``size`` is
+    also given ``size=(height, width)``, the size of the images it receives. It returns an ``NCHW`` tensor of
+    the declared type: the input's dtype and size unless ``dtype`` or ``size`` say otherwise.
+
+    The function's parameters are checked against that call when the stage is declared."""
 
     fn: Callable
     backends: frozenset = frozenset({Backend.CPU, Backend.GPU})
     name: str = "custom"
     draws: int = 0
-    dtype: Dtype | str | None = None
+    dtype: Dtype | str | torch.dtype | None = None
     size: int | tuple[int, int] | None = None
     needs_batch = True
 
@@ -37,25 +62,37 @@ class Custom(ImageStage):
                             f"{type(self.fn).__name__}")
         name = self.name if self.name != "custom" else getattr(self.fn, "__name__", "custom")
         object.__setattr__(self, "name", check_name("custom", name if name.isidentifier() else "custom"))
-        object.__setattr__(self, "backends", parse_backends(f"custom stage {self.name!r}", self.backends))
+        owner = f"custom stage {self.name!r}"
+        object.__setattr__(self, "backends", parse_backends(owner, self.backends))
         if isinstance(self.draws, bool) or not isinstance(self.draws, int) or not 0 <= self.draws <= 64:
-            raise ValueError(f"custom stage {self.name!r}: draws must be an integer in [0, 64], got {self.draws!r}")
+            raise ValueError(f"{owner}: draws must be an integer in [0, 64], got {self.draws!r}")
         if self.dtype is not None:
-            try:
-                object.__setattr__(self, "dtype", Dtype(self.dtype) if not isinstance(self.dtype, Dtype) else self.dtype)
-            except ValueError:
-                raise ValueError(f"custom stage {self.name!r}: dtype must be 'uint8' or 'float32', "
-                                 f"got {self.dtype!r}") from None
+            object.__setattr__(self, "dtype", parse_dtype(owner, self.dtype))
         if self.size is not None:
-            object.__setattr__(self, "size", size_pair(f"custom stage {self.name!r}", "size", self.size))
-        if self.draws:
-            try:
-                inspect.signature(self.fn).bind(None, None)
-            except TypeError:
-                raise TypeError(f"custom stage {self.name!r} declares draws={self.draws}, so fn is called as "
-                                f"fn(images, u); {self.fn!r} does not take two arguments") from None
-            except ValueError:
-                pass  # a builtin without a signature: it is called and judged by what it returns
+            object.__setattr__(self, "size", size_pair(owner, "size", self.size))
+        object.__setattr__(self, "_takes_size", self._check_signature(owner))
+
+    def _check_signature(self, owner: str) -> bool:
+        """Whether ``fn`` takes ``size=``; a TypeError now where it cannot be called as the stage will call it."""
+        try:
+            signature = inspect.signature(self.fn)
+        except (TypeError, ValueError):
+            return False  # a builtin without a signature: it is called and judged by what it returns
+        sized = signature.parameters.get("size")
+        takes_size = sized is not None and sized.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                          inspect.Parameter.KEYWORD_ONLY)
+        call = "fn(images, u" if self.draws else "fn(images"
+        call += ", size=(height, width))" if takes_size else ")"
+        try:
+            signature.bind(*([None] * (2 if self.draws else 1)), **({"size": None} if takes_size else {}))
+        except TypeError as exc:
+            hint = (f"; give draws=k (k uniforms per sample) for a function of (images, u)"
+                    if not self.draws else f"; give draws=0 for a function of images alone")
+            arguments = "two arguments" if self.draws else "one argument"
+            raise TypeError(f"{owner}: with draws={self.draws} its function is called as {call}, but "
+                            f"{getattr(self.fn, '__qualname__', self.fn)}{signature} does not take {arguments} "
+                            f"that way ({exc}){hint}") from None
+        return takes_size
 
     def output_type(self, image: ImageType) -> ImageType:
         fixed_size(self.name, image, "runs on a batch")
@@ -68,9 +105,10 @@ class Custom(ImageStage):
         return params, sizes
 
     def torch_batch(self, images, params):
-        if self.draws:
-            return self.fn(images, torch.from_numpy(params["u"]).to(images.device))
-        return self.fn(images)
+        args = (images, torch.from_numpy(params["u"]).to(images.device)) if self.draws else (images,)
+        if self._takes_size:
+            return self.fn(*args, size=(int(images.shape[-2]), int(images.shape[-1])))
+        return self.fn(*args)
 
     def describe(self) -> str:
         return f"custom: {getattr(self.fn, '__qualname__', repr(self.fn))}"
