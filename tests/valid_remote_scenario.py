@@ -1,0 +1,44 @@
+"""Remote workers' batches carry ``valid`` like local ones: run by tests/test_valid_remote.py inside a network
+namespace where only loopback is up (one local Ray cluster). Writes a JSON report.
+
+python valid_remote_scenario.py DATA_DIR OUT_JSON
+"""
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from feedline.loader import Loader, RayWorkers
+from feedline.pipelines import image
+from feedline.pipelines.criteo import criteo
+
+
+def epoch(loader) -> dict:
+    """Per batch: whether ``valid`` is there as a bool tensor beside ``index``; and the valid indices."""
+    checks, delivered = [], []
+    for batch in loader:
+        valid = batch.get("valid")
+        checks.append(isinstance(valid, torch.Tensor) and valid.dtype == torch.bool
+                      and valid.shape == batch["index"].shape and valid.device == batch["index"].device)
+        if checks[-1]:
+            delivered += batch["index"][valid].tolist()
+    return {"checks": checks, "delivered": delivered}
+
+
+def main(data: str, out: str) -> None:
+    data = Path(data)
+    workers = RayWorkers(num_workers=1)
+    report = {}
+    for name, spec, kwargs in (
+            ("images", image.val(data / "images", size=32), {"batch_size": 4, "on_error": "skip"}),
+            ("criteo", criteo(data / "criteo.tsv", table_sizes=1000), {"batch_size": 64, "last_batch": "partial"})):
+        loader = Loader(spec, placement="cpu", remote=workers, **kwargs)
+        report[name] = epoch(loader)
+        report[name]["remote_batches"] = loader._runner.remote_batches
+        loader.close()
+    Path(out).write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
