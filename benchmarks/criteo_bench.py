@@ -35,6 +35,18 @@ WARMUP_BATCHES = 2
 SETTLE_S = 0.5
 # A round is at least this many times the largest read-ahead, and starts by taking the read-ahead untimed.
 ROUND_OVER_READAHEAD = 4
+# The Loader keeps parsed chunks of a TSV for two shuffle buffers (plus a few chunks): a file of no more rows
+# than this is parsed only in its first epoch.
+CACHED_BUFFERS = 2
+
+
+def cached_note(side: str, rows: int, shuffle_buffer: int | None) -> str | None:
+    """A sentence for the report when a TSV of ``rows`` rows stays parsed in the Loader's chunk cache after the
+    first epoch (``shuffle_buffer``: the Loader's; None for a source that is not streamed), else None."""
+    if shuffle_buffer is None or rows > CACHED_BUFFERS * shuffle_buffer:
+        return None
+    return (f"{side}: the file's {rows:,} rows fit in the Loader's chunk cache ({CACHED_BUFFERS} shuffle buffers "
+            f"of {shuffle_buffer:,} rows), so epochs after the first are not parsed again")
 
 
 def bench_criteo(path: str | os.PathLike, batch_size: int = 8192, batches: int | None = None,
@@ -105,9 +117,25 @@ def bench_criteo(path: str | os.PathLike, batch_size: int = 8192, batches: int |
         if step is not None:
             result.update(_with_trainer(loader, frame, step, batch_size=batch_size, batches=batches, rounds=rounds,
                                         settle_s=settle_s, sync=sync, progress=progress))
+            result["notes"] = _trainer_notes(result, loader, path)
     finally:
         loader.close()
     return result
+
+
+def _trainer_notes(result: dict, loader: Loader, path: str) -> list[str]:
+    """Why the trainer rounds' capacity can differ from the first epoch: they run on epochs after it, which read
+    the file from the page cache and, for a small file, from the Loader's parsed chunks."""
+    notes = ["capacity_samples_per_s and the trainer rounds run on the epochs after the first, which read the "
+             "file from the page cache; feedline_first_epoch_samples_per_s (opening included) is the first epoch"]
+    cached = None
+    if not os.path.isdir(path) and not path.lower().endswith((".parquet", ".pq")):
+        cached = cached_note("feedline", len(loader.source), loader.shuffle_buffer)
+    result["cached_after_first_epoch"] = cached is not None
+    if cached:
+        notes.append(cached + ": capacity_samples_per_s is a cached rate, not a parsing rate; use a larger file "
+                              "to measure parsing")
+    return notes
 
 
 def _peak_rss_mb() -> float:

@@ -17,6 +17,7 @@ from feedline.benchmarks.data.criteo import make_criteo
 from feedline.benchmarks.trainer import (alternate, auto_step_s, check_trainer_step, efficiency, resolve_step_s,
                                          run_trainer, trainer_summary)
 from feedline.loader.cli import main
+from feedline.pipelines import image
 
 SIZE = 8
 
@@ -238,6 +239,16 @@ def test_image_output_without_the_flag_is_as_before(image_dir, tmp_path, quick):
     result = bench_json(tmp_path, ["--pipeline", "image-val", "--data", str(image_dir), "--batch-size", "4",
                                    "--batches", "2", "--rounds", "1", "--baseline", "none"])
     assert result["feedline_samples_per_s"] > 0 and result["bound_samples_per_s"] == 1000.0
+    assert result["notes"] == [image_bench.bound_note(image.val(str(image_dir)))]
+    assert "an estimate, not a limit" in result["notes"][0] and "noise" in result["notes"][0]
+
+
+def test_image_train_says_why_it_can_pass_its_decode_bound(image_dir, tmp_path, quick):
+    result = bench_json(tmp_path, ["--pipeline", "image-train", "--data", str(image_dir), "--batch-size", "4",
+                                   "--batches", "2", "--rounds", "1", "--baseline", "none"])
+    assert result["fraction_of_bound"] == result["feedline_samples_per_s"] / result["bound_samples_per_s"]
+    assert "decodes only each crop window" in result["notes"][0]
+    assert "fraction_of_bound can exceed 1" in result["notes"][0]
     assert not any(k.startswith(("trainer_", "capacity_", "delivered_", "efficiency")) for k in result)
 
 
@@ -265,6 +276,19 @@ def test_criteo_with_a_trainer(criteo_file, tmp_path, quick, step):
     assert result["feedline_samples_per_s"] < result["feedline_steady_samples_per_s"]  # the same rows, plus opening
     assert result["baseline_samples_per_s"] < result["baseline_steady_samples_per_s"]  # the same rows, plus read_csv
     assert result["batches_per_round"] >= 4 * result["untimed_batches_per_round"]
+    # the first epoch and the capacity are both reported, and the report says why they differ: 3,000 rows stay
+    # parsed in the Loader's chunk cache after the first epoch
+    assert result["feedline_first_epoch_samples_per_s"] > 0 and result["capacity_samples_per_s"] > 0
+    assert result["cached_after_first_epoch"] is True
+    assert any("page cache" in note for note in result["notes"])
+    assert any("3,000 rows fit in the Loader's chunk cache" in note and "cached rate" in note
+               for note in result["notes"])
+
+
+def test_a_file_larger_than_the_chunk_cache_is_not_called_cached():
+    assert criteo_bench.cached_note("feedline", 131_072, 65_536) is not None
+    assert criteo_bench.cached_note("feedline", 131_073, 65_536) is None
+    assert criteo_bench.cached_note("feedline", 10, None) is None  # not a streamed table
 
 
 def test_criteo_timed_batches_report_only_steady_figures(criteo_file):
