@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.feedline-installed
 BENCH_DATA ?= data/images
 BENCH_COUNT ?= 2000
+BENCH_CRITEO ?= data/criteo.tsv
+BENCH_CRITEO_ROWS ?= 1000000
 
 .PHONY: setup bench bench-remote test clean
 
@@ -21,6 +23,10 @@ $(STAMP): pyproject.toml requirements-dev.txt requirements-torchrec.txt
 bench: setup
 	test -f $(BENCH_DATA)/.feedline-data || $(VENV)/bin/feedline make-data images --out $(BENCH_DATA) --count $(BENCH_COUNT) --classes 10 --seed 0
 	$(VENV)/bin/feedline bench --pipeline image-train --data $(BENCH_DATA) --baseline torchvision --trainer-step-ms auto --json bench-image-train.json
+	test -f $(BENCH_CRITEO) || $(VENV)/bin/feedline make-data criteo --out $(BENCH_CRITEO) --rows $(BENCH_CRITEO_ROWS) --seed 0
+	$(VENV)/bin/feedline bench --pipeline criteo --data $(BENCH_CRITEO) --baseline pandas --trainer-step-ms auto --json bench-criteo-pandas.json
+	$(VENV)/bin/feedline bench --pipeline criteo --data $(BENCH_CRITEO) --baseline torchrec --json bench-criteo-torchrec.json
+	$(VENV)/bin/feedline bench --pipeline criteo --data $(BENCH_CRITEO) --baseline pyarrow --json bench-criteo-pyarrow.json
 
 # Ray binds the machine's interface address; where only loopback is allowed it runs in a namespace with only lo.
 bench-remote: setup
