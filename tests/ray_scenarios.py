@@ -5,7 +5,10 @@ python ray_scenarios.py DATA_DIR OUT_JSON
 """
 import hashlib
 import json
+import logging
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +37,58 @@ def epochs(loader, n=2):
     return [digest(b) for _ in range(n) for b in loader]
 
 
+TRAINER = os.getpid()  # baked into the stages below when they are sent to the workers
+
+
+def crash_in_workers(deaths: str):
+    """A custom stage that ends the process it runs in, as a native crash would (no Python error), in the
+    workers only; each death is a line of ``deaths``."""
+    def crash(images):
+        if os.getpid() != TRAINER:
+            with open(deaths, "a") as f:
+                f.write(f"{os.getpid()}\n")
+            os._exit(7)
+        return images
+    return crash
+
+
+def stall_once_in_workers(marker: str, seconds: float):
+    """A custom stage that sleeps ``seconds`` the first time a worker runs it (``marker`` says it has)."""
+    def stall(images):
+        if os.getpid() != TRAINER:
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return images
+            time.sleep(seconds)
+        return images
+    return stall
+
+
+class Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def indices(loader, n=None):
+    out = []
+    for b in loader:
+        out.append(b["index"].tolist())
+    return out
+
+
+def free_cpus(ray, want: float, within_s: float = 20.0) -> float:
+    """The cluster's free CPUs once they reach ``want`` (killed actors give theirs back asynchronously)."""
+    deadline = time.monotonic() + within_s
+    while (free := ray.available_resources().get("CPU", 0)) < want and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return free
+
+
 def sockets_of_ray() -> list:
     """Every inet socket of this process and its children (Ray's GCS, raylet, workers): (laddr, raddr, status)."""
     me = psutil.Process()
@@ -50,7 +105,13 @@ def sockets_of_ray() -> list:
 def main(data: str, out: str) -> None:
     import ray
 
-    report = {}
+    report = {"seconds": {}}
+    last = [time.perf_counter()]
+
+    def lap(name: str) -> None:  # the seconds the part just ended took (to keep them cheap)
+        now = time.perf_counter()
+        report["seconds"][name] = round(now - last[0], 1)
+        last[0] = now
     images, bad_images, table = Path(data, "images"), Path(data, "bad_images"), Path(data, "criteo.tsv")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     workers = RayWorkers(num_workers=2)
@@ -74,6 +135,7 @@ def main(data: str, out: str) -> None:
     report["criteo_remote"] = epochs(with_remote)
     with_remote.close()
 
+    lap("images_and_criteo")
     # A worker killed mid-epoch: Ray restarts it and runs its plans again.
     killed = Loader(spec, batch_size=4, placement="cpu", seed=3, remote=workers)
     got, it = [], iter(killed)
@@ -87,6 +149,76 @@ def main(data: str, out: str) -> None:
     report["killed_pids"] = [pid_before, ray.get(victim.pid.remote())]
     killed.close()
 
+    lap("killed")
+    # A train and a val Loader given one RayWorkers, used in turn, on a cluster with room for one set of workers.
+    shared = RayWorkers(num_workers=2, start_timeout_s=30)
+    val_spec = image.val(images, size=32)
+    train = Loader(spec, batch_size=4, placement="cpu", seed=3, remote=shared)
+    val = Loader(val_spec, batch_size=4, placement="cpu", shuffle=False, remote=shared)
+    report["shared_turns"] = [epochs(train, 1), epochs(val, 1), epochs(train, 1), epochs(val, 1)]
+    report["shared_val_local"] = epochs(Loader(val_spec, batch_size=4, placement="cpu", shuffle=False), 1)
+    report["shared_actors"] = [sorted(w.actor_id for w in loader._runner.team) for loader in (train, val)]
+    started = time.perf_counter()  # workers of another shape, with no room left for them: a bounded wait
+    try:
+        Loader(spec, batch_size=4, placement="cpu", remote=RayWorkers(cpus_per_worker=2, start_timeout_s=2))
+        report["no_room"] = None
+    except TimeoutError as e:
+        report["no_room"] = [str(e), time.perf_counter() - started]
+    train.close()
+    report["free_after_one_closed"] = ray.available_resources().get("CPU", 0)
+    # val stays open, holding the workers, through the three scenarios below: they share its actors.
+
+    lap("shared")
+    # A plan that kills its worker every time: an error naming the plan after a bounded number of tries.
+    scratch = Path(tempfile.mkdtemp(prefix="ray-scenarios-"))
+    crash_spec = image.pipeline(images, [image.decode(), image.resize((32, 32)),
+                                         image.custom(crash_in_workers(str(scratch / "deaths")))])
+    report["crash_local"] = indices(Loader(crash_spec, batch_size=4, placement="cpu", seed=3))[:2]
+    crashing = Loader(crash_spec, batch_size=4, placement="cpu", seed=3, num_threads=1,
+                      remote=RayWorkers(num_workers=1))
+    delivered, started = [], time.perf_counter()
+    try:
+        for b in crashing:
+            delivered.append(b["index"].tolist())
+        report["crash"] = None
+    except Exception as e:
+        report["crash"] = {"type": type(e).__name__, "message": str(e), "delivered": delivered,
+                           "seconds": time.perf_counter() - started,
+                           "deaths": len((scratch / "deaths").read_text().split())}
+    crashing.close()
+
+    lap("crash")
+    # A worker late with a batch: logged (logger "feedline", WARNING) at the interval, and the batch still arrives.
+    lines = Lines()
+    logging.getLogger("feedline").addHandler(lines)
+    stall_spec = image.pipeline(images, [image.decode(), image.resize((32, 32)),
+                                         image.custom(stall_once_in_workers(str(scratch / "stall"), 2.5))])
+    stalling = Loader(stall_spec, batch_size=4, placement="cpu", seed=3, num_threads=1,
+                      remote=RayWorkers(num_workers=1, stall_warning_s=0.5, batch_timeout_s=60))
+    report["stall_batches"] = epochs(stalling, 1)
+    report["stall_local"] = epochs(Loader(stall_spec, batch_size=4, placement="cpu", seed=3), 1)
+    report["stall_lines"] = [line for line in lines.lines if "has not returned" in line]
+    stalling.close()
+
+    lap("stall")
+    # A worker later than batch_timeout_s: the Loader raises, naming worker and plan, and the worker is restarted.
+    hang_spec = image.pipeline(images, [image.decode(), image.resize((32, 32)),
+                                        image.custom(stall_once_in_workers(str(scratch / "hang"), 120))])
+    hanging = Loader(hang_spec, batch_size=4, placement="cpu", seed=3, num_threads=1,
+                     remote=RayWorkers(num_workers=1, stall_warning_s=0.5, batch_timeout_s=3))
+    pid_before, started = hanging._runner.team[0].pid, time.perf_counter()
+    try:
+        epochs(hanging, 1)
+        report["hang"] = None
+    except TimeoutError as e:
+        report["hang"] = {"message": str(e), "seconds": time.perf_counter() - started,
+                          "pids": [pid_before, ray.get(hanging._runner.actors[0].pid.remote(), timeout=60)]}
+    hanging.close()
+    logging.getLogger("feedline").removeHandler(lines)
+    val.close()
+    report["free_after_both_closed"] = free_cpus(ray, 2)
+
+    lap("hang")
     # Resume mid-epoch from a state saved by a loader with remote workers.
     first = Loader(spec, batch_size=4, placement="cpu", seed=3, remote=workers)
     it = iter(first)
@@ -98,6 +230,7 @@ def main(data: str, out: str) -> None:
     report["resumed"] = head + [digest(b) for b in second] + [digest(b) for b in second]
     second.close()
 
+    lap("resume")
     # Skips reported by workers land in loader.skipped; every good sample arrives once.
     skipping = Loader(image.val(bad_images, size=32), batch_size=4, placement="cpu", on_error="skip",
                       remote=workers, shuffle=False)
@@ -110,6 +243,7 @@ def main(data: str, out: str) -> None:
     report["skip_len"] = [len(skipping), skipping.epoch_summaries[0]["batches"]]
     skipping.close()
 
+    lap("skips")
     # Two ranks, each with workers of its own: together every sample once, each as its local counterpart.
     ranks = []
     for rank in range(2):
@@ -122,6 +256,7 @@ def main(data: str, out: str) -> None:
                           len(b["index"]), dtype=torch.bool))].tolist()]})
         mine.close()
     report["ranks"] = ranks
+    lap("ranks")
     # placement="auto": the only node is this machine, so workers there would take the local threads' cores.
     auto = Loader(spec, batch_size=4, placement="auto", seed=3, remote=workers)
     report["auto_single_node"] = [epochs(auto, 1), auto.plan["remote"]]
@@ -129,6 +264,7 @@ def main(data: str, out: str) -> None:
     report["sockets"] += sockets_of_ray()
     ray.shutdown()
 
+    lap("auto_single_node")
     # A second node (Ray's own test cluster: another raylet on this machine) has room: auto adds workers there.
     from ray.cluster_utils import Cluster
 
@@ -148,6 +284,7 @@ def main(data: str, out: str) -> None:
         report["unreachable"] = None
     except ConnectionError as e:
         report["unreachable"] = [str(e), time.perf_counter() - started]
+    lap("auto_two_nodes_and_unreachable")
     Path(out).write_text(json.dumps(report))
 
 

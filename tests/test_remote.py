@@ -3,6 +3,7 @@ private network namespace where only loopback is up; these machines allow no oth
 machine's interface address whenever it has one."""
 import ipaddress
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,7 @@ def report(tmp_path_factory):
     report = json.loads(out.read_text())
     report["bad_index"] = sorted(str(p) for p in (data / "bad_images").rglob("*.jpg")).index(str(bad[6]))
     report["bad_path"] = str(bad[6])
+    report["image_files"] = sorted(str(p) for p in (data / "images").rglob("*.jpg"))  # in the source's order
     return report
 
 
@@ -70,6 +72,64 @@ def test_a_worker_killed_mid_epoch_loses_and_repeats_nothing(report):
     before, after = report["killed_pids"]
     assert before != after  # Ray restarted the actor
     assert report["killed"] == report["images_local"]
+
+
+def test_train_and_val_loaders_given_one_rayworkers_share_one_set_of_workers(report):
+    # The cluster has room for one set of workers (2 CPUs, 2 workers of 1): both Loaders run, in turn, on it.
+    train_0, val_0, train_1, val_1 = report["shared_turns"]
+    assert train_0 + train_1 == report["images_local"]
+    assert val_0 == val_1 == report["shared_val_local"] and len(val_0) == 10
+    train_actors, val_actors = report["shared_actors"]
+    assert train_actors == val_actors and len(train_actors) == 2
+    assert report["free_after_one_closed"] == 0  # the val Loader still holds them
+    assert report["free_after_both_closed"] == 2  # the last Loader closed ends them
+
+
+def test_workers_without_room_fail_within_start_timeout(report):
+    message, seconds = report["no_room"]
+    assert "1 of 1 Ray workers of 2 CPU(s) did not start within 2 s (RayWorkers.start_timeout_s)" in message
+    assert "0 free CPUs" in message
+    assert seconds < 30
+
+
+def test_a_plan_that_kills_its_worker_ends_in_an_error_naming_its_samples(report):
+    from feedline.loader.runners.remote import MAX_PLAN_RETRIES
+
+    crash = report["crash"]
+    assert crash is not None and crash["type"] == "RemoteWorkerError"
+    first, second = report["crash_local"]
+    assert crash["delivered"] == [first]  # one local thread made batch 0; the worker was dealt batch 1
+    assert crash["deaths"] == 1 + MAX_PLAN_RETRIES
+    message, files = crash["message"], report["image_files"]
+    assert message.startswith("Ray worker 1 of 1 (actor ")
+    assert (f"failed making batch 1 of epoch 0 (samples {second[0]}, {second[1]}, {second[2]} and 1 more: "
+            f"{files[second[0]]}, {files[second[1]]}, {files[second[2]]}, ...)") in message
+    assert f"at most MAX_PLAN_RETRIES={MAX_PLAN_RETRIES} times" in message
+    assert re.search(r"Ray's error: Actor(Unavailable|Died)Error: The actor \w+ ", message), message
+
+
+def test_a_late_batch_is_logged_naming_the_worker_and_the_plan(report):
+    assert report["stall_batches"] == report["stall_local"]  # late, not lost
+    lines, second = report["stall_lines"], report["crash_local"][1]  # the same order: batch 1's samples
+    # The worker's first batch is 2.5 s late, logged every 0.5 s.
+    assert 2 <= len(lines) <= 6, lines
+    for line in lines:
+        assert line.startswith("feedline: Ray worker 1 of 1 (actor ")
+        assert f"has not returned batch 1 of epoch 0 (samples {second[0]}, {second[1]}, {second[2]} and 1 more" in line
+        assert "the Loader gives up at 60 s (RayWorkers.batch_timeout_s)" in line
+    waited = [float(re.search(r" for ([0-9.]+) s;", line).group(1)) for line in lines]
+    assert all(w >= 0.5 * (k + 1) - 0.05 for k, w in enumerate(waited)), waited
+
+
+def test_a_batch_later_than_batch_timeout_raises_and_restarts_its_worker(report):
+    hang, second = report["hang"], report["crash_local"][1]
+    assert hang is not None, "the Loader waited for the stalled worker"
+    assert hang["message"].startswith("Ray worker 1 of 1 (actor ")
+    assert f"did not return batch 1 of epoch 0 (samples {second[0]}, " in hang["message"]
+    assert "within 3 s (RayWorkers.batch_timeout_s=3); the worker was restarted" in hang["message"]
+    assert hang["seconds"] < 60  # the stage would have slept 120 s
+    before, after = hang["pids"]
+    assert before != after
 
 
 def test_resume_from_a_state_saved_with_remote_workers(report):
@@ -132,6 +192,21 @@ def test_worker_arguments_are_checked():
         RayWorkers(cpus_per_worker=1.5)
     with pytest.raises(ValueError, match="address"):
         RayWorkers(address="")
+
+
+@pytest.mark.parametrize("name,value", [("start_timeout_s", 0), ("batch_timeout_s", float("inf")),
+                                        ("batch_timeout_s", float("nan")), ("stall_warning_s", -1.0),
+                                        ("stall_warning_s", True), ("start_timeout_s", "60")])
+def test_worker_bounds_are_checked(name, value):
+    with pytest.raises(ValueError, match=f"RayWorkers.{name} must be a positive, finite number of seconds, "
+                                         f"got {re.escape(repr(value))}"):
+        RayWorkers(**{name: value})
+
+
+def test_a_stall_warning_after_the_timeout_is_refused():
+    with pytest.raises(ValueError, match=r"stall_warning_s \(30\) must not exceed batch_timeout_s \(10\)"):
+        RayWorkers(stall_warning_s=30, batch_timeout_s=10)
+    assert RayWorkers(stall_warning_s=10, batch_timeout_s=10).batch_timeout_s == 10.0
 
 
 def test_loader_arguments_for_remote_workers_are_checked(image_dir, monkeypatch):

@@ -81,3 +81,37 @@ def test_the_remote_bench_splits_cores_without_overlap_and_names_what_is_missing
     assert split_cores([0, 1, 2, 3, 4], 1, 2, 2) == ([0], [1, 2, 3, 4])
     with pytest.raises(ValueError, match=r"needs 3 cores on this machine; this process may use 2 \(\[0, 1\]\)"):
         split_cores([0, 1], 1, 1, 2)
+
+
+class FakeRay:
+    """What available_workers asks of Ray: this node's id, the nodes, the free CPUs, the job."""
+
+    def __init__(self, nodes: dict[str, int], free: float):
+        self._nodes, self._free = nodes, free
+
+    def get_runtime_context(self):
+        return SimpleNamespace(get_node_id=lambda: "here", get_job_id=lambda: "01000000")
+
+    def nodes(self):
+        return [{"NodeID": n, "Alive": True, "Resources": {"CPU": cpus}} for n, cpus in self._nodes.items()]
+
+    def available_resources(self):
+        return {"CPU": self._free}
+
+
+def test_workers_this_process_already_runs_elsewhere_count_as_available(monkeypatch):
+    # A train Loader's two workers fill the other machine; a val Loader asking for the same kind shares them.
+    from feedline.loader import RayWorkers
+    from feedline.loader.runners import remote_workers
+    from feedline.loader.runners.remote import available_workers
+
+    ray = FakeRay({"here": 8, "there": 4}, free=0)
+    workers = RayWorkers(num_workers=2, cpus_per_worker=2)
+    assert available_workers(ray, workers) == 0
+    pool = remote_workers._Pool([remote_workers.Worker(None, f"actor{i}", "there", "10.0.0.2", 100 + i)
+                                 for i in range(2)], {"train"})
+    monkeypatch.setitem(remote_workers._pools, (("here", "01000000"), workers.shape), pool)
+    assert available_workers(ray, workers) == 2
+    assert available_workers(ray, RayWorkers(num_workers=2, cpus_per_worker=1)) == 0  # another kind: not shared
+    ray._free = 2  # room for one more of 2 CPUs, but the other machine has 4 in all
+    assert available_workers(ray, workers) == 2
