@@ -49,12 +49,14 @@ class FileFormat(enum.Enum):
 
 
 class ColumnKind(enum.Enum):
-    """How a column is stored. TSV files hold ``INT`` (decimal) and ``HEX`` columns; Parquet holds any kind
-    (``HEX`` there accepts hex strings or integers)."""
+    """How a column is stored. Text and Parquet files hold any kind (in Parquet, ``HEX`` accepts hex strings
+    or integers); converted tables hold ``INT`` and ``HEX``. ``STRING`` is a categorical read as its UTF-8
+    bytes and kept as their MurmurHash3 (see :class:`Column`)."""
 
     INT = "int"
     FLOAT = "float"
     HEX = "hex"
+    STRING = "string"
     INT_LIST = "int_list"
 
 
@@ -88,17 +90,21 @@ def _finite(owner: str, field_name: str, value: object) -> float:
 
 @dataclass(frozen=True)
 class Column:
-    """One column of the files. ``required``: an empty value makes the row bad (set for the label)."""
+    """One column of the files. ``required``: an empty value makes the row bad (set for the label).
+    ``hash_seed``: for a ``STRING`` column, the seed of the MurmurHash3_x86_32 its values are read as (an int64
+    in [0, 2^32)); :func:`tabular` sets it to the seed of the column's ``Categorical`` (0 without one)."""
 
     name: str
     kind: ColumnKind
     required: bool = False
+    hash_seed: int = 0
 
     def __post_init__(self) -> None:
         _name("Column", "name", self.name)
         object.__setattr__(self, "kind", parse_enum(ColumnKind, "Column.kind", self.kind))
         if not isinstance(self.required, bool):
             raise TypeError(f"Column.required must be True or False, got {self.required!r}")
+        _integer("Column", "hash_seed", self.hash_seed, 0, MAX_SEED)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ FILES = TabularFiles("data.parquet", "parquet", (
     (lambda: TabularFiles("x", "tsv", ()), TypeError, "TabularFiles.columns"),
     (lambda: TabularFiles("x", "tsv", (Column("a", "float"),)), TypeError, "TSV files hold only int and hex"),
     (lambda: TabularFiles("x", "tsv", (Column("a", "int"), Column("a", "hex"))), ValueError, "names repeat"),
-    (lambda: Column("a", "string"), ValueError, "Column.kind"),
+    (lambda: Column("a", "varchar"), ValueError, "Column.kind"),
     (lambda: Column("a", "int", required=1), TypeError, "Column.required"),
     (lambda: criteo("x.tsv", table_sizes=[10] * 25), ValueError, "26 sizes"),
     (lambda: criteo("x.tsv", table_sizes=[10] * 25 + [0]), ValueError, "C26"),

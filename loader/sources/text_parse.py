@@ -1,0 +1,669 @@
+"""Native parsing of delimited text (TSV, CSV) into a chunk's blocks: one pass over the bytes, GIL released.
+
+``parse_text(data, rows, layout)`` reads ``rows`` lines of ``data`` (each ending in ``\\n``; the last one's is
+optional) with one numba ``nogil`` function that splits, checks and converts every field as it goes, so a
+loader's threads parse different chunks at the same time. Per field kind:
+
+- ``INT``: ``-?[0-9]+`` within int64; ``HEX``: ``[0-9a-fA-F]+`` up to ``7fffffffffffffff``.
+- ``FLOAT``: read as Python's ``float()`` reads the text, correctly rounded. The common short decimals
+  (at most 18 significant digits, a power of ten within 10^+-22) are converted here exactly (Clinger's fast
+  path: both operands exact, one IEEE operation); anything else (long mantissas, large exponents, ``nan``,
+  ``inf``, underscores, spaces) is handed to ``float()`` itself. NaN is a missing value; +-inf is a bad row.
+- ``STRING``: MurmurHash3_x86_32 of the field's bytes with the column's ``hash_seed`` (what
+  ``feedline.ops.murmur3_32`` gives for the same UTF-8 string), stored as an int64 in [0, 2^32).
+- ``INT_LIST``: decimal integers separated by the list delimiter; an empty field is an empty list.
+- fields the layout does not read (``SKIP``: columns of a header that were not declared) are only split.
+
+An empty field is a missing value (0 in the block, flagged in ``missing``). CSV fields may be quoted
+(RFC 4180: ``"a,b"``, ``""`` for a quote inside), within one line, and a line may end in ``\\r\\n``.
+
+A bad line is reported, not raised: ``bad[row]`` and a reason naming the column and field, by this priority:
+a control character anywhere in the line (any byte below 0x20 but the delimiter, the newline and a tab),
+then a malformed quote, then a wrong field count, then the first field (left to right) whose value is wrong.
+A bad row's values are 0 (lists empty); its missing flags are all set when the line could not be split, and
+are the fields' emptiness otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from ...pipelines.tabular import Column, ColumnKind
+from .tabular import ListColumn
+
+# Field kinds, as the kernel sees them.
+SKIP, INT, HEX, FLOAT, STRING, LIST = 0, 1, 2, 3, 4, 5
+KIND_CODES = {ColumnKind.INT: INT, ColumnKind.HEX: HEX, ColumnKind.FLOAT: FLOAT, ColumnKind.STRING: STRING,
+              ColumnKind.INT_LIST: LIST}
+# Byte classes.
+ORD, DELIM, NEWLINE, CONTROL = 0, 1, 2, 3
+# Row and field status codes; FALLBACK: a float the fast path leaves to Python's float().
+OK, NOT_NUMBER, OUT_OF_RANGE, EMPTY, NOT_FINITE, NAN_REQUIRED, CONTROL_CHAR, QUOTE_OPEN, QUOTE_AFTER, COUNT, \
+    NO_LINE, FALLBACK = range(12)
+_QUOTE = 0x22
+_MIN_DIV10 = -922337203685477580  # int64's smallest value / 10, rounded towards zero
+_INT64_MIN = -(1 << 63)
+_MASK32 = 0xFFFFFFFF
+_POW10 = np.array([10.0 ** k for k in range(23)])  # all exact doubles
+_TWO53 = 1 << 53
+_HEX_DIGITS = np.full(256, 255, dtype=np.uint8)
+_HEX_DIGITS[np.frombuffer(b"0123456789abcdefABCDEF", dtype=np.uint8)] = [*range(16), *range(10, 16)]
+
+
+@dataclass(frozen=True)
+class TextSyntax:
+    """How a line is split: the field ``delimiter`` byte, RFC 4180 ``quoting`` (CSV) or none (TSV), the
+    ``list_delimiter`` inside list fields, and whether ``\\r\\n`` ends a line (``crlf``; else the ``\\r`` is a
+    control character, as in TSV)."""
+
+    delimiter: str = "\t"
+    quoting: bool = False
+    list_delimiter: str = "|"
+    crlf: bool = False
+
+    @property
+    def delimiter_name(self) -> str:
+        return {"\t": "tab", ",": "comma", ";": "semicolon", "|": "pipe", " ": "space"}.get(
+            self.delimiter, repr(self.delimiter))
+
+
+TSV = TextSyntax()
+CSV = TextSyntax(delimiter=",", quoting=True, crlf=True)
+
+
+class Layout:
+    """What each field of a line is: ``fields[i]`` is the declared column read from field ``i``, or None for
+    a field that is not read (a header's undeclared column; ``names[i]`` is then its header name). Columns
+    go to blocks by kind in declaration order: integers (INT, HEX, STRING) to ``ints``, floats to
+    ``floats``, lists to ``lists``."""
+
+    def __init__(self, columns: tuple[Column, ...], syntax: TextSyntax = TSV,
+                 fields: tuple[Column | None, ...] | None = None, names: tuple[str, ...] | None = None):
+        fields = tuple(columns) if fields is None else tuple(fields)
+        self.columns, self.syntax, self.fields = tuple(columns), syntax, fields
+        self.names = tuple(c.name for c in fields) if names is None else tuple(names)
+        self.int_columns = [c for c in columns if c.kind in (ColumnKind.INT, ColumnKind.HEX, ColumnKind.STRING)]
+        self.float_columns = [c for c in columns if c.kind is ColumnKind.FLOAT]
+        self.list_columns = [c for c in columns if c.kind is ColumnKind.INT_LIST]
+        slot = {c.name: k for group in (self.int_columns, self.float_columns, self.list_columns)
+                for k, c in enumerate(group)}
+        self.kinds = np.array([SKIP if c is None else KIND_CODES[c.kind] for c in fields], dtype=np.int8)
+        self.slots = np.array([-1 if c is None else slot[c.name] for c in fields], dtype=np.int64)
+        self.seeds = np.array([0 if c is None else c.hash_seed for c in fields], dtype=np.int64)
+        self.required = np.array([c is not None and c.required for c in fields], dtype=np.bool_)
+        classes = np.zeros(256, dtype=np.uint8)
+        classes[:0x20] = CONTROL
+        classes[0x09] = ORD
+        classes[0x0A] = NEWLINE
+        classes[ord(syntax.delimiter)] = DELIM
+        self.classes = classes
+        self.delimiter = ord(syntax.delimiter)
+        self.list_delimiter = ord(syntax.list_delimiter)
+
+
+class TextChunk(NamedTuple):
+    ints: np.ndarray     # [rows, integer columns] int64
+    floats: np.ndarray   # [rows, float columns] float64
+    missing: np.ndarray  # [rows, integer columns + float columns] bool
+    lists: dict          # name -> ListColumn
+    bad: np.ndarray      # [rows] bool
+    reasons: dict        # row -> why it is bad
+
+
+# ---- the kernel -----------------------------------------------------------------------------------------------
+
+@njit(nogil=True, cache=True)
+def _murmur3(b, start, n, seed):
+    """MurmurHash3_x86_32 of b[start:start+n] (int64 arithmetic, masked to 32 bits)."""
+    h = seed & _MASK32
+    q = start
+    for _ in range(n >> 2):
+        k = np.int64(b[q]) | (np.int64(b[q + 1]) << 8) | (np.int64(b[q + 2]) << 16) | (np.int64(b[q + 3]) << 24)
+        k = (k * 0xCC9E2D51) & _MASK32
+        k = ((k << 15) | (k >> 17)) & _MASK32
+        k = (k * 0x1B873593) & _MASK32
+        h ^= k
+        h = ((h << 13) | (h >> 19)) & _MASK32
+        h = (h * 5 + 0xE6546B64) & _MASK32
+        q += 4
+    tail = n & 3
+    if tail:
+        k = np.int64(0)
+        if tail == 3:
+            k ^= np.int64(b[q + 2]) << 16
+        if tail >= 2:
+            k ^= np.int64(b[q + 1]) << 8
+        k ^= np.int64(b[q])
+        k = (k * 0xCC9E2D51) & _MASK32
+        k = ((k << 15) | (k >> 17)) & _MASK32
+        k = (k * 0x1B873593) & _MASK32
+        h ^= k
+    h ^= n & _MASK32
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _MASK32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _MASK32
+    h ^= h >> 16
+    return h
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _field_end(b, q, classes):
+    while classes[b[q]] == ORD:
+        q += 1
+    return q
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _decimal(b, q, classes, stop):
+    """An optionally negative decimal integer from b[q] up to a byte of another class or ``stop`` (-1: none)
+    -> (end, value, status)."""
+    negative = b[q] == 0x2D
+    if negative:
+        q += 1
+    first = q
+    acc = np.int64(0)
+    while True:
+        d = np.int64(b[q]) - 48
+        if d < 0 or d > 9:
+            break
+        acc = acc * 10 - d  # negatively, so that int64's smallest value fits; checked below past 18 digits
+        q += 1
+    c = b[q]
+    if classes[c] != ORD or c == stop:
+        if q == first:
+            return q, np.int64(0), NOT_NUMBER  # "-" alone (an empty field never gets here)
+        if q - first > 18:
+            acc, status = _long_decimal(b, first, q)
+            if status == OK and not negative:
+                if acc == _INT64_MIN:
+                    return q, np.int64(0), OUT_OF_RANGE  # 2**63 without a minus sign
+            return q, (acc if negative else -acc), status
+        return q, (acc if negative else -acc), OK
+    while classes[b[q]] == ORD and b[q] != stop:
+        q += 1
+    return q, np.int64(0), NOT_NUMBER
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _long_decimal(b, q, end):
+    """The digits b[q:end] accumulated negatively with a range check -> (value, status)."""
+    acc = np.int64(0)
+    while q < end:
+        d = np.int64(b[q]) - 48
+        if acc < _MIN_DIV10 or (acc == _MIN_DIV10 and d > 8):
+            return np.int64(0), OUT_OF_RANGE
+        acc = acc * 10 - d
+        q += 1
+    return acc, OK
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _hex(b, q, classes, digits):
+    """Hex digits from b[q] (``digits``: each byte's value, 16 and above for a non-digit) -> (end, value,
+    status)."""
+    first = q
+    v = np.int64(0)
+    while True:
+        d = np.int64(digits[b[q]])
+        if d >= 16:
+            break
+        v = v * 16 + d  # exact up to 15 digits; longer fields are checked below
+        q += 1
+    if classes[b[q]] != ORD:
+        if q - first > 15:
+            while first < q and b[first] == 0x30:  # leading zeros
+                first += 1
+            if q - first > 16 or (q - first == 16 and digits[b[first]] >= 8):
+                return q, np.int64(0), OUT_OF_RANGE
+            v = np.int64(0)
+            while first < q:
+                v = v * 16 + np.int64(digits[b[first]])
+                first += 1
+        return q, v, OK
+    return _field_end(b, q, classes), np.int64(0), NOT_NUMBER
+
+
+@njit(nogil=True, cache=True)
+def _float(b, q, classes, pow10):
+    """Clinger's fast path for ``[+-]?digits[.digits][(e|E)[+-]digits]`` -> (end, value, status); FALLBACK
+    when the text is anything else or the value cannot be had exactly with one IEEE operation."""
+    c = b[q]
+    negative = c == 0x2D
+    if negative or c == 0x2B:
+        q += 1
+    mantissa = np.int64(0)
+    significant = 0   # digits taken into the mantissa, from the first non-zero one
+    digits = 0
+    exponent = 0
+    exact = True
+    while True:
+        d = np.int64(b[q]) - 48
+        if d < 0 or d > 9:
+            break
+        digits += 1
+        if mantissa or d:
+            if significant < 18:
+                mantissa = mantissa * 10 + d
+                significant += 1
+            else:
+                exact = False
+        q += 1
+    if b[q] == 0x2E:
+        q += 1
+        while True:
+            d = np.int64(b[q]) - 48
+            if d < 0 or d > 9:
+                break
+            digits += 1
+            if mantissa or d:
+                if significant < 18:
+                    mantissa = mantissa * 10 + d
+                    significant += 1
+                    exponent -= 1
+                else:
+                    exact = False
+            else:
+                exponent -= 1
+            q += 1
+    if digits == 0:
+        return _field_end(b, q, classes), 0.0, FALLBACK
+    c = b[q]
+    if c == 0x65 or c == 0x45:
+        q += 1
+        c = b[q]
+        sign = 1
+        if c == 0x2D or c == 0x2B:
+            sign = -1 if c == 0x2D else 1
+            q += 1
+        e = 0
+        edigits = 0
+        while True:
+            d = np.int64(b[q]) - 48
+            if d < 0 or d > 9:
+                break
+            if e < 100000:
+                e = e * 10 + d
+            edigits += 1
+            q += 1
+        if edigits == 0:
+            return _field_end(b, q, classes), 0.0, FALLBACK
+        exponent += sign * e
+    if classes[b[q]] != ORD:
+        if mantissa == 0:
+            return q, (-0.0 if negative else 0.0), OK
+        if exact and mantissa <= _TWO53 and -22 <= exponent <= 22:
+            value = np.float64(mantissa)
+            value = value * pow10[exponent] if exponent >= 0 else value / pow10[-exponent]
+            return q, (-value if negative else value), OK
+        return q, 0.0, FALLBACK
+    return _field_end(b, q, classes), 0.0, FALLBACK
+
+
+@njit(nogil=True, cache=True)
+def _list(b, q, classes, list_delimiter, values, count):
+    """Decimal integers separated by ``list_delimiter`` from b[q] -> (end, new count, status); an empty
+    element is not a number."""
+    while True:
+        q, v, status = _decimal(b, q, classes, list_delimiter)
+        if status != OK:
+            if b[q] == list_delimiter:  # the rest of the field still has to be passed
+                q = _field_end(b, q, classes)
+            return q, count, status
+        values[count] = v
+        count += 1
+        if b[q] != list_delimiter:
+            return q, count, OK
+        q += 1
+
+
+@njit(nogil=True, cache=True)
+def _value(b, q, kind, slot, seed, row, classes, hex_digits, list_delimiter, pow10, ints, floats, lists, list_counts):
+    """The value of the non-empty field starting at b[q] into its block -> (end, status)."""
+    if kind == INT:
+        q, v, status = _decimal(b, q, classes, -1)
+        ints[row, slot] = v
+    elif kind == HEX:
+        q, v, status = _hex(b, q, classes, hex_digits)
+        ints[row, slot] = v
+    elif kind == STRING:
+        end = _field_end(b, q, classes)
+        ints[row, slot] = _murmur3(b, q, end - q, seed)
+        q, status = end, OK
+    elif kind == FLOAT:
+        q, f, status = _float(b, q, classes, pow10)
+        floats[row, slot] = f
+    elif kind == LIST:
+        q, count, status = _list(b, q, classes, list_delimiter, lists[slot], list_counts[slot])
+        list_counts[slot] = count
+    else:
+        q, status = _field_end(b, q, classes), OK
+    return q, status
+
+
+@njit(nogil=True, cache=True)
+def _quoted(b, q, kind, slot, seed, row, classes, crlf, hex_digits, list_delimiter, pow10, ints, floats, lists,
+            list_counts, scratch):
+    """The quoted field at b[q] into its block -> (the byte after it, status); QUOTE_OPEN (or a control character
+    inside) and text after the closing quote are reported as QUOTE_OPEN, for _split to explain."""
+    after, n, quoted = _unquote(b, q, classes, crlf, scratch)
+    if quoted != OK or classes[b[after]] == ORD:
+        return after, QUOTE_OPEN
+    if n == 0:
+        return after, EMPTY
+    if kind == STRING:  # the whole content, delimiters inside included
+        ints[row, slot] = _murmur3(scratch, 0, n, seed)
+        return after, OK
+    if kind == SKIP:
+        return after, OK
+    end, status = _value(scratch, 0, kind, slot, seed, row, classes, hex_digits, list_delimiter, pow10, ints, floats,
+                         lists, list_counts)
+    if end != n and status == OK:  # the content holds a delimiter
+        status = FALLBACK if kind == FLOAT else NOT_NUMBER
+    return after, status
+
+
+@njit(nogil=True, cache=True)
+def _unquote(b, q, classes, crlf, scratch):
+    """The quoted field at b[q] (a quote) -> (position after the closing quote, content length in
+    ``scratch`` followed by a newline, status: OK, QUOTE_OPEN or CONTROL_CHAR)."""
+    q += 1
+    n = 0
+    while True:
+        c = b[q]
+        if c == _QUOTE:
+            if b[q + 1] == _QUOTE:
+                scratch[n] = _QUOTE
+                n += 1
+                q += 2
+                continue
+            scratch[n] = 0x0A
+            return q + 1, n, OK
+        cls = classes[c]
+        if cls == NEWLINE or (crlf and c == 0x0D and b[q + 1] == 0x0A):
+            return q, n, QUOTE_OPEN
+        if cls == CONTROL:
+            return q, n, CONTROL_CHAR
+        scratch[n] = c
+        n += 1
+        q += 1
+
+
+@njit(nogil=True, cache=True)
+def _is_line_end(b, q, classes, crlf):
+    """Whether b[q] ends the line: a newline, or with ``crlf`` a carriage return just before one."""
+    cls = classes[b[q]]
+    return cls == NEWLINE or (crlf and b[q] == 0x0D and b[q + 1] == 0x0A)
+
+
+@njit(nogil=True, cache=True)
+def _split(b, q, classes, delimiter, quoting, crlf):
+    """Split the line starting at b[q] without converting anything, to explain why it could not be parsed
+    -> (start of the next line, fields, first control character's position or -1, first quote problem:
+    (code, field, start, end) or code OK)."""
+    fields = 1
+    control = -1
+    quote_code, quote_field, quote_start, quote_end = OK, -1, -1, -1
+    at_start = True
+    while True:
+        c = b[q]
+        if quoting and at_start and c == _QUOTE:
+            s = q
+            q += 1
+            closed = False
+            while True:
+                c = b[q]
+                if c == _QUOTE:
+                    if b[q + 1] == _QUOTE:
+                        q += 2
+                        continue
+                    q += 1
+                    closed = True
+                    break
+                if classes[c] == NEWLINE or (crlf and c == 0x0D and b[q + 1] == 0x0A):
+                    break
+                if classes[c] == CONTROL and control < 0:
+                    control = q
+                q += 1
+            if not closed and quote_code == OK:
+                quote_code, quote_field, quote_start, quote_end = QUOTE_OPEN, fields - 1, s, q
+            elif closed and classes[b[q]] == ORD and quote_code == OK:
+                quote_code, quote_field, quote_start, quote_end = QUOTE_AFTER, fields - 1, s, \
+                    _field_end(b, q, classes)
+            at_start = False
+            continue
+        cls = classes[c]
+        if cls == NEWLINE:
+            return q + 1, fields, control, quote_code, quote_field, quote_start, quote_end
+        if cls == DELIM:
+            fields += 1
+            at_start = True
+        else:
+            at_start = False
+            if cls == CONTROL and control < 0 and not (crlf and c == 0x0D and b[q + 1] == 0x0A):
+                control = q
+        q += 1
+
+
+@njit(nogil=True, cache=True)
+def _parse(b, rows, kinds, slots, seeds, required, classes, hex_digits, delimiter, quoting, crlf, list_delimiter, pow10,
+           ints, floats, missing, list_offsets, lists, err, err_field, err_start, err_end,
+           fallback, scratch):
+    """Every line into the blocks; per row ``err`` (a status code), the field at fault and a span (a field's
+    bytes, a control character's position, or the field count in ``err_start``). ``fallback``: [k, 0..5] =
+    row, field, slot, start, end, quoted, for the floats left to Python; returns how many."""
+    num_fields = kinds.size
+    num_ints = ints.shape[1]
+    num_lists = list_offsets.shape[0]
+    list_counts = np.zeros(max(num_lists, 1), dtype=np.int64)
+    fallbacks = 0
+    end_of_data = b.size
+    q = 0
+    for row in range(rows):
+        if q >= end_of_data:
+            err[row] = NO_LINE
+            missing[row, :] = True
+            for k in range(num_lists):
+                list_offsets[k, row + 1] = list_counts[k]
+            continue
+        line_start = q
+        first_fallback = fallbacks
+        status = OK
+        split = True  # the line's fields were found; False: a structural problem, explained by _split
+        for j in range(num_fields):
+            kind = kinds[j]
+            slot = slots[j]
+            start = q
+            c = b[q]
+            if classes[c] != ORD:
+                field_status = EMPTY
+            elif kind == INT and not (quoting and c == _QUOTE):
+                q, ints[row, slot], field_status = _decimal(b, q, classes, -1)
+                missing[row, slot] = False
+            elif kind == HEX and not (quoting and c == _QUOTE):
+                q, ints[row, slot], field_status = _hex(b, q, classes, hex_digits)
+                missing[row, slot] = False
+            elif quoting and c == _QUOTE:
+                q, field_status = _quoted(b, q, kind, slot, seeds[j], row, classes, crlf, hex_digits, list_delimiter,
+                                          pow10, ints, floats, lists, list_counts, scratch)
+                if field_status == QUOTE_OPEN:
+                    split = False
+                    break
+                if kind != SKIP and kind != LIST and field_status != EMPTY:
+                    missing[row, slot if kind != FLOAT else num_ints + slot] = False
+            else:
+                q, field_status = _value(b, q, kind, slot, seeds[j], row, classes, hex_digits, list_delimiter, pow10,
+                                         ints, floats, lists, list_counts)
+                if kind != SKIP and kind != LIST:
+                    missing[row, slot if kind != FLOAT else num_ints + slot] = False
+            if field_status == EMPTY:
+                if kind == INT or kind == HEX or kind == STRING:
+                    ints[row, slot] = 0
+                    missing[row, slot] = True
+                elif kind == FLOAT:
+                    floats[row, slot] = 0.0
+                    missing[row, num_ints + slot] = True
+                field_status = EMPTY if required[j] else OK
+            elif field_status == FALLBACK:
+                fallback[fallbacks, 0] = row
+                fallback[fallbacks, 1] = j
+                fallback[fallbacks, 2] = slot
+                fallback[fallbacks, 3] = start
+                fallback[fallbacks, 4] = q
+                fallback[fallbacks, 5] = 1 if quoting and b[start] == _QUOTE else 0
+                fallbacks += 1
+                field_status = OK
+            if field_status != OK and status == OK:
+                status = field_status
+                err_field[row] = j
+                err_start[row] = start
+                err_end[row] = q
+            c = b[q]
+            cls = classes[c]
+            if j + 1 < num_fields:
+                if cls != DELIM:
+                    split = False
+                    break
+                q += 1
+            elif cls == NEWLINE:
+                q += 1
+            elif crlf and c == 0x0D and b[q + 1] == 0x0A:
+                q += 2
+            else:
+                split = False
+        if not split:
+            q, count, control, quote_code, quote_field, quote_start, quote_end = _split(
+                b, line_start, classes, delimiter, quoting, crlf)
+            if control >= 0:
+                status, err_start[row] = CONTROL_CHAR, control
+            elif quote_code != OK:
+                status, err_field[row], err_start[row], err_end[row] = quote_code, quote_field, quote_start, quote_end
+            else:
+                status, err_start[row] = COUNT, count
+            missing[row, :] = True
+            fallbacks = first_fallback
+        err[row] = status
+        if status != OK:  # (its ints and floats are zeroed by the caller)
+            for k in range(num_lists):
+                list_counts[k] = list_offsets[k, row]
+        for k in range(num_lists):
+            list_offsets[k, row + 1] = list_counts[k]
+    return fallbacks
+
+
+# ---- the Python side ------------------------------------------------------------------------------------------
+
+_WHAT = {INT: "a decimal integer", HEX: "a hexadecimal integer", FLOAT: "a number"}
+
+
+def parse_text(data: bytes, rows: int, layout: Layout) -> TextChunk:
+    """``rows`` lines of ``data`` parsed as ``layout`` says (see the module's docstring)."""
+    if not data.endswith(b"\n"):
+        data = data + b"\n"
+    b = np.frombuffer(data, dtype=np.uint8)
+    syntax = layout.syntax
+    num_ints, num_floats, num_lists = len(layout.int_columns), len(layout.float_columns), len(layout.list_columns)
+    ints = np.empty((rows, num_ints), dtype=np.int64)
+    floats = np.empty((rows, num_floats), dtype=np.float64)
+    missing = np.empty((rows, num_ints + num_floats), dtype=np.bool_)
+    list_offsets = np.zeros((num_lists, rows + 1), dtype=np.int64)
+    capacity = data.count(layout.list_delimiter.to_bytes(1, "little")) + rows if num_lists else 0
+    lists = np.empty((num_lists, capacity), dtype=np.int64)
+    err = np.empty(rows, dtype=np.int8)
+    err_field = np.empty(rows, dtype=np.int64)
+    err_start = np.empty(rows, dtype=np.int64)
+    err_end = np.empty(rows, dtype=np.int64)
+    fallback = np.empty((rows * num_floats, 6), dtype=np.int64)
+    scratch = np.empty(len(data) + 1 if syntax.quoting else 1, dtype=np.uint8)
+    fallbacks = _parse(b, rows, layout.kinds, layout.slots, layout.seeds, layout.required, layout.classes, _HEX_DIGITS,
+                       layout.delimiter, syntax.quoting, syntax.crlf, layout.list_delimiter, _POW10,
+                       ints, floats, missing, list_offsets, lists, err, err_field, err_start, err_end,
+                       fallback, scratch)
+    if fallbacks:
+        _python_floats(data, layout, fallback[:fallbacks], floats, missing, err, err_field, err_start, err_end)
+    bad = err != OK
+    reasons = {}
+    if bad.any():
+        rows_bad = np.flatnonzero(bad)
+        ints[rows_bad] = 0
+        floats[rows_bad] = 0.0
+        reasons = {int(r): _reason(data, layout, int(err[r]), int(err_field[r]), int(err_start[r]),
+                                   int(err_end[r])) for r in rows_bad}
+    columns = {}
+    for k, c in enumerate(layout.list_columns):
+        offsets = list_offsets[k]
+        values = lists[k, :offsets[-1]].copy()
+        if bad.any():
+            offsets, values = _empty_bad_lists(offsets, values, bad)
+        columns[c.name] = ListColumn(offsets, values)
+    return TextChunk(ints, floats, missing, columns, bad, reasons)
+
+
+def _python_floats(data, layout, fallback, floats, missing, err, err_field, err_start, err_end) -> None:
+    """The floats the fast path left: Python's float() of the text (NaN: missing; inf: a bad row)."""
+    num_ints = len(layout.int_columns)
+    for row, field, slot, start, end, quoted in fallback.tolist():
+        text = data[start:end]
+        if quoted:
+            text = text[1:-1].replace(b'""', b'"')
+        try:
+            value = float(text.decode("utf-8"))
+            status = OK
+        except (UnicodeDecodeError, ValueError):
+            value, status = 0.0, NOT_NUMBER
+        if status == OK and value != value:
+            value = 0.0
+            missing[row, num_ints + slot] = True
+            status = NAN_REQUIRED if layout.required[field] else OK
+        elif status == OK and value in (float("inf"), float("-inf")):
+            status = NOT_FINITE
+        floats[row, slot] = value
+        if status != OK and (err[row] == OK or (err[row] in (NOT_NUMBER, OUT_OF_RANGE, EMPTY, NOT_FINITE, NAN_REQUIRED)
+                                                and err_field[row] > field)):
+            err[row], err_field[row], err_start[row], err_end[row] = status, field, start, end
+
+
+def _empty_bad_lists(offsets: np.ndarray, values: np.ndarray, bad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.diff(offsets)
+    if not lengths[bad].any():
+        return offsets, values
+    keep = np.repeat(~bad, lengths)
+    lengths[bad] = 0
+    new = np.zeros_like(offsets)
+    np.cumsum(lengths, out=new[1:])
+    return new, values[keep]
+
+
+def _reason(data: bytes, layout: Layout, code: int, field: int, start: int, end: int) -> str:
+    syntax = layout.syntax
+    if code == CONTROL_CHAR:
+        char = data[start]
+        return f"control character 0x{char:02x} in the line" + (" (Windows line ending?)" if char == 0x0D else "")
+    if code == COUNT:
+        return f"expected {layout.kinds.size} {syntax.delimiter_name}-separated fields, found {start}"
+    if code == NO_LINE:
+        return "the chunk ends before this line (did the file change while it was read?)"
+    column = layout.fields[field]
+    where = f"column {layout.names[field]} (field {field + 1}): "
+    text = data[start:end].decode("utf-8", "replace")
+    if code == QUOTE_OPEN:
+        return where + "a quoted field has no closing quote on its line"
+    if code == QUOTE_AFTER:
+        return where + f"{text!r} has text after its closing quote"
+    if code == EMPTY:
+        return where + "is empty, and a value is required"
+    if code == NAN_REQUIRED:
+        return where + f"{text!r} is NaN (a missing value), and a value is required"
+    if code == NOT_FINITE:
+        return where + f"{text!r} is not a finite number"
+    if column.kind is ColumnKind.INT_LIST:
+        what = f"a list of decimal integers separated by {syntax.list_delimiter!r}"
+        if code == OUT_OF_RANGE:
+            return where + f"{text!r} has an element out of int64 range"
+        return where + f"{text!r} is not {what}"
+    if code == OUT_OF_RANGE:
+        return where + f"{text!r} is out of int64 range"
+    return where + f"{text!r} is not {_WHAT[KIND_CODES[column.kind]]}"
