@@ -46,14 +46,16 @@ class ChunkIndex:
 
 class RowsChunk(NamedTuple):
     """Every row of one chunk: its columns (bad rows hold zeros, missing), which rows are bad, and why. A
-    format whose columns are all integers may give them as one block instead: ``ints`` [rows, columns] int64
-    and ``missing`` [rows, columns] bool, in the declared order (``columns`` then empty)."""
+    format may give its scalar columns as blocks instead: ``ints`` [rows, integer columns] int64 (INT, HEX and
+    STRING columns, in declared order), ``floats`` [rows, float columns] float64 (None: no float columns) and
+    ``missing`` [rows, integer columns + float columns] bool; ``columns`` then holds only the list columns."""
 
     columns: dict
     bad: np.ndarray
     reasons: dict
     ints: np.ndarray | None = None
     missing: np.ndarray | None = None
+    floats: np.ndarray | None = None
 
 
 class _Packed(NamedTuple):

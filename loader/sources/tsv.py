@@ -20,7 +20,7 @@ import numpy as np
 from ...pipelines.tabular import Column
 from .chunked import ChunkIndex, RowsChunk
 from .tabular import RowError
-from .tsv_parse import PAD, parse_lines
+from .text_parse import TSV, Layout, TextSyntax, parse_text
 
 log = logging.getLogger("feedline")
 GZIP_MAGIC = b"\x1f\x8b"
@@ -38,9 +38,11 @@ def is_gzip(path: str) -> bool:
 
 
 class TsvFormat:
-    def __init__(self, columns: tuple[Column, ...]):
-        self.columns = columns  # integers (decimal or hex) only: one block in this order
-        self._kinds = {kind: [j for j, c in enumerate(columns) if c.kind is kind] for kind in {c.kind for c in columns}}
+    def __init__(self, columns: tuple[Column, ...], syntax: TextSyntax = TSV, layout: Layout | None = None):
+        """``columns`` in the files' order, split as ``syntax`` says; or, for files with a header, ``layout``:
+        which field of a line holds which declared column."""
+        self.columns = columns
+        self.layout = Layout(columns, syntax) if layout is None else layout
         self._cursors: dict[str, _GzipCursor] = {}
         self._lock = threading.Lock()
 
@@ -69,30 +71,11 @@ class TsvFormat:
         return self.parse(data, rows)
 
     def parse(self, data: bytes, rows: int) -> RowsChunk:
-        """``rows`` lines of text (the last one's newline optional) as a chunk of rows, in one integer block."""
-        buf = np.empty(PAD + len(data) + 1, dtype=np.uint8)
-        buf[:PAD] = ord("0")
-        buf[PAD:PAD + len(data)] = np.frombuffer(data, dtype=np.uint8)
-        buf[-1] = ord("\n")
-        if data.endswith(b"\n"):
-            buf = buf[:-1]
-        parsed = parse_lines(buf, rows, self.columns, by_row=True)
-        ints = np.zeros((rows, len(self.columns)), dtype=np.int64)
-        missing = np.ones((rows, len(self.columns)), dtype=bool)
-        whole = parsed.lines.size == rows
-        for kind, block in parsed.blocks.items():
-            idx = self._kinds[kind]
-            cols = slice(idx[0], idx[-1] + 1) if idx == list(range(idx[0], idx[-1] + 1)) else idx
-            if whole and isinstance(cols, slice):
-                ints[:, cols] = block
-                missing[:, cols] = parsed.empty[kind]
-            else:
-                ints[np.ix_(parsed.lines, idx)] = block
-                missing[np.ix_(parsed.lines, idx)] = parsed.empty[kind]
-        if parsed.bad.any():
-            ints[parsed.bad] = 0
-        reasons = {int(k): parsed.reason(int(k)) for k in np.flatnonzero(parsed.bad)}
-        return RowsChunk({}, parsed.bad, reasons, ints, missing)
+        """``rows`` lines of text (the last one's newline optional) as a chunk of rows: the integer columns (int,
+        hex, string) in one block, the float columns in another, the list columns by name (``text_parse``)."""
+        chunk = parse_text(data, rows, self.layout)
+        return RowsChunk(chunk.lists, chunk.bad, chunk.reasons, chunk.ints, chunk.missing,
+                         chunk.floats if chunk.floats.shape[1] else None)
 
 
 def _index_plain(path: str, size: int) -> ChunkIndex:
