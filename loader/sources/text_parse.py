@@ -393,13 +393,6 @@ def _unquote(b, q, classes, crlf, scratch):
 
 
 @njit(nogil=True, cache=True)
-def _is_line_end(b, q, classes, crlf):
-    """Whether b[q] ends the line: a newline, or with ``crlf`` a carriage return just before one."""
-    cls = classes[b[q]]
-    return cls == NEWLINE or (crlf and b[q] == 0x0D and b[q + 1] == 0x0A)
-
-
-@njit(nogil=True, cache=True)
 def _split(b, q, classes, delimiter, quoting, crlf):
     """Split the line starting at b[q] without converting anything, to explain why it could not be parsed
     -> (start of the next line, fields, first control character's position or -1, first quote problem:
@@ -448,19 +441,230 @@ def _split(b, q, classes, delimiter, quoting, crlf):
         q += 1
 
 
-@njit(nogil=True, cache=True)
-def _parse(b, rows, kinds, slots, seeds, required, classes, hex_digits, delimiter, quoting, crlf, list_delimiter, pow10,
-           ints, floats, missing, list_offsets, lists, err, err_field, err_start, err_end,
-           fallback, scratch):
-    """Every line into the blocks; per row ``err`` (a status code), the field at fault and a span (a field's
-    bytes, a control character's position, or the field count in ``err_start``). ``fallback``: [k, 0..5] =
-    row, field, slot, start, end, quoted, for the floats left to Python; returns how many."""
+# SWAR: up to 8 ASCII digits in one little-endian word (a field's last character in its top byte).
+_U = np.uint64
+_HIGH_BITS = _U(0x8080808080808080)
+_LOW_NIBBLES = _U(0x0F0F0F0F0F0F0F0F)
+_LOWER_CASE = _U(0x2020202020202020)
+_BYTE_ONES = _U(0x0101010101010101)
+_LANES_8, _LANES_16, _LANES_32 = _U(0x00FF00FF00FF00FF), _U(0x0000FFFF0000FFFF), _U(0x00000000FFFFFFFF)
+_BELOW_0, _ABOVE_9 = _U((0x80 - 0x30) * 0x0101010101010101), _U((0x7F - 0x39) * 0x0101010101010101)
+_BELOW_A, _ABOVE_F = _U((0x80 - 0x61) * 0x0101010101010101), _U((0x7F - 0x66) * 0x0101010101010101)
+_KEEP = np.array([((1 << 64) - 1) ^ ((1 << (8 * (8 - n))) - 1) for n in range(9)], dtype=np.uint64)
+_S4, _S6, _S8, _S16, _S32 = _U(4), _U(6), _U(8), _U(16), _U(32)
+_U9, _U10, _U100, _U10000, _U0 = _U(9), _U(10), _U(100), _U(10000), _U(0)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _digits_word(x, keep):
+    """Whether every kept byte of ``x`` is an ASCII digit; their value (zero bytes below them)."""
+    kept = keep & _HIGH_BITS
+    ok = (x & _HIGH_BITS) == _U0 and ((x + _BELOW_0) & ~(x + _ABOVE_9) & kept) == kept
+    d = x & _LOW_NIBBLES
+    d = (d * _U10 + (d >> _S8)) & _LANES_8
+    d = (d * _U100 + (d >> _S16)) & _LANES_16
+    d = (d * _U10000 + (d >> _S32)) & _LANES_32
+    return ok, np.int64(d)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _hex_word(x, keep):
+    """Whether every kept byte of ``x`` is an ASCII hex digit; their value."""
+    kept = keep & _HIGH_BITS
+    y = x | _LOWER_CASE
+    hits = ((y + _BELOW_0) & ~(y + _ABOVE_9)) | ((y + _BELOW_A) & ~(y + _ABOVE_F))
+    ok = (x & _HIGH_BITS) == _U0 and (hits & kept) == kept
+    n = (x & _LOW_NIBBLES) + ((x >> _S6) & _BYTE_ONES) * _U9
+    n = (((n & _LANES_8) << _S4) | ((n >> _S8) & _LANES_8))
+    n = (((n & _LANES_16) << _S8) | ((n >> _S16) & _LANES_16))
+    n = (((n & _LANES_32) << _S16) | (n >> _S32))
+    return ok, np.int64(n)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _fast_line(b, words, q, row, kinds, slots, seeds, required, classes, hex_digits, quoting, crlf, list_delimiter, pow10,
+               ints, floats, missing, lists, list_counts, seps, keep):
+    """The line at b[q] (q >= 8) when every field is well formed and unquoted: its values into the blocks ->
+    the next line's start, or -1 when anything is off (the caller then parses the line carefully). The
+    separators are found first; then each field, its length known, is converted (integers of up to 8 digits
+    with one word, SWAR)."""
     num_fields = kinds.size
     num_ints = ints.shape[1]
+    n = 0
+    i = q
+    end = b.size
+    while n < num_fields and i < end:
+        seps[n] = i
+        n += classes[b[i]] != ORD
+        i += 1
+    if n < num_fields:
+        return -1
+    s = q
+    for j in range(num_fields):
+        e = seps[j]
+        cls = classes[b[e]]
+        if j + 1 < num_fields:
+            if cls != DELIM:
+                return -1
+        elif cls != NEWLINE and not (crlf and b[e] == 0x0D and b[e + 1] == 0x0A):
+            return -1
+        kind = kinds[j]
+        slot = slots[j]
+        length = e - s
+        if length == 0:
+            if required[j]:
+                return -1
+            if kind == INT or kind == HEX or kind == STRING:
+                ints[row, slot] = 0
+                missing[row, slot] = True
+            elif kind == FLOAT:
+                floats[row, slot] = 0.0
+                missing[row, num_ints + slot] = True
+        elif quoting and b[s] == _QUOTE:
+            return -1
+        elif kind == INT:
+            negative = b[s] == 0x2D
+            digits = length - 1 if negative else length
+            if digits == 0:
+                return -1
+            if digits <= 8:
+                ok, v = _digits_word(words[e - 8] & keep[digits], keep[digits])
+            elif digits <= 16:
+                ok, low = _digits_word(words[e - 8], keep[8])
+                ok2, high = _digits_word(words[e - 16] & keep[digits - 8], keep[digits - 8])
+                ok = ok and ok2
+                v = high * 100000000 + low
+            else:
+                end_, v, status = _decimal(b, s, classes, -1)
+                ok = status == OK and end_ == e
+                if negative:
+                    v = -v  # undone below
+            if not ok:
+                return -1
+            ints[row, slot] = -v if negative else v
+            missing[row, slot] = False
+        elif kind == HEX:
+            if length <= 8:
+                ok, v = _hex_word(words[e - 8] & keep[length], keep[length])
+            else:
+                end_, v, status = _hex(b, s, classes, hex_digits)
+                ok = status == OK and end_ == e
+            if not ok:
+                return -1
+            ints[row, slot] = v
+            missing[row, slot] = False
+        elif kind == STRING:
+            ints[row, slot] = _murmur3(b, s, length, seeds[j])
+            missing[row, slot] = False
+        elif kind == FLOAT:
+            end_, f, status = _float(b, s, classes, pow10)
+            if status != OK or end_ != e:
+                return -1
+            floats[row, slot] = f
+            missing[row, num_ints + slot] = False
+        elif kind == LIST:
+            end_, count, status = _list(b, s, classes, list_delimiter, lists[slot], list_counts[slot])
+            if status != OK or end_ != e:
+                return -1
+            list_counts[slot] = count
+        s = e + 1
+    return s + 1 if classes[b[s - 1]] != NEWLINE else s
+
+
+@njit(nogil=True, cache=True)
+def _careful_line(b, q, row, kinds, slots, seeds, required, classes, hex_digits, delimiter, quoting, crlf,
+                  list_delimiter, pow10, ints, floats, missing, lists, list_counts, err_field, err_start, err_end,
+                  fallback, fallbacks, scratch):
+    """The line at b[q], every field checked and explained -> (the next line's start, status, fallbacks)."""
+    num_fields = kinds.size
+    num_ints = ints.shape[1]
+    line_start = q
+    first_fallback = fallbacks
+    status = OK
+    split = True  # the line's fields were found; False: a structural problem, explained by _split
+    for j in range(num_fields):
+        kind = kinds[j]
+        slot = slots[j]
+        start = q
+        c = b[q]
+        if classes[c] != ORD:
+            field_status = EMPTY
+        elif quoting and c == _QUOTE:
+            q, field_status = _quoted(b, q, kind, slot, seeds[j], row, classes, crlf, hex_digits, list_delimiter,
+                                      pow10, ints, floats, lists, list_counts, scratch)
+            if field_status == QUOTE_OPEN:
+                split = False
+                break
+            if kind != SKIP and kind != LIST and field_status != EMPTY:
+                missing[row, slot if kind != FLOAT else num_ints + slot] = False
+        else:
+            q, field_status = _value(b, q, kind, slot, seeds[j], row, classes, hex_digits, list_delimiter, pow10,
+                                     ints, floats, lists, list_counts)
+            if kind != SKIP and kind != LIST:
+                missing[row, slot if kind != FLOAT else num_ints + slot] = False
+        if field_status == EMPTY:
+            if kind == INT or kind == HEX or kind == STRING:
+                ints[row, slot] = 0
+                missing[row, slot] = True
+            elif kind == FLOAT:
+                floats[row, slot] = 0.0
+                missing[row, num_ints + slot] = True
+            field_status = EMPTY if required[j] else OK
+        elif field_status == FALLBACK:
+            fallback[fallbacks, 0] = row
+            fallback[fallbacks, 1] = j
+            fallback[fallbacks, 2] = slot
+            fallback[fallbacks, 3] = start
+            fallback[fallbacks, 4] = q
+            fallback[fallbacks, 5] = 1 if quoting and b[start] == _QUOTE else 0
+            fallbacks += 1
+            field_status = OK
+        if field_status != OK and status == OK:
+            status = field_status
+            err_field[row] = j
+            err_start[row] = start
+            err_end[row] = q
+        c = b[q]
+        cls = classes[c]
+        if j + 1 < num_fields:
+            if cls != DELIM:
+                split = False
+                break
+            q += 1
+        elif cls == NEWLINE:
+            q += 1
+        elif crlf and c == 0x0D and b[q + 1] == 0x0A:
+            q += 2
+        else:
+            split = False
+    if not split:
+        q, count, control, quote_code, quote_field, quote_start, quote_end = _split(
+            b, line_start, classes, delimiter, quoting, crlf)
+        if control >= 0:
+            status, err_start[row] = CONTROL_CHAR, control
+        elif quote_code != OK:
+            status, err_field[row], err_start[row], err_end[row] = quote_code, quote_field, quote_start, quote_end
+        else:
+            status, err_start[row] = COUNT, count
+        missing[row, :] = True
+        fallbacks = first_fallback
+    return q, status, fallbacks
+
+
+@njit(nogil=True, cache=True)
+def _parse(b, words, rows, kinds, slots, seeds, required, classes, hex_digits, delimiter, quoting, crlf,
+           list_delimiter, pow10, ints, floats, missing, list_offsets, lists, err, err_field, err_start, err_end,
+           fallback, scratch, keep):
+    """Every line into the blocks; per row ``err`` (a status code), the field at fault and a span (a field's
+    bytes, a control character's position, or the field count in ``err_start``). ``fallback``: [k, 0..5] =
+    row, field, slot, start, end, quoted, for the floats left to Python; returns how many. ``words``: the
+    8-byte words of ``b`` at every offset (empty when ``b`` is shorter than a word)."""
     num_lists = list_offsets.shape[0]
     list_counts = np.zeros(max(num_lists, 1), dtype=np.int64)
+    seps = np.empty(kinds.size, dtype=np.int64)
     fallbacks = 0
     end_of_data = b.size
+    fast = words.size > 0
     q = 0
     for row in range(rows):
         if q >= end_of_data:
@@ -469,86 +673,24 @@ def _parse(b, rows, kinds, slots, seeds, required, classes, hex_digits, delimite
             for k in range(num_lists):
                 list_offsets[k, row + 1] = list_counts[k]
             continue
-        line_start = q
-        first_fallback = fallbacks
-        status = OK
-        split = True  # the line's fields were found; False: a structural problem, explained by _split
-        for j in range(num_fields):
-            kind = kinds[j]
-            slot = slots[j]
-            start = q
-            c = b[q]
-            if classes[c] != ORD:
-                field_status = EMPTY
-            elif kind == INT and not (quoting and c == _QUOTE):
-                q, ints[row, slot], field_status = _decimal(b, q, classes, -1)
-                missing[row, slot] = False
-            elif kind == HEX and not (quoting and c == _QUOTE):
-                q, ints[row, slot], field_status = _hex(b, q, classes, hex_digits)
-                missing[row, slot] = False
-            elif quoting and c == _QUOTE:
-                q, field_status = _quoted(b, q, kind, slot, seeds[j], row, classes, crlf, hex_digits, list_delimiter,
-                                          pow10, ints, floats, lists, list_counts, scratch)
-                if field_status == QUOTE_OPEN:
-                    split = False
-                    break
-                if kind != SKIP and kind != LIST and field_status != EMPTY:
-                    missing[row, slot if kind != FLOAT else num_ints + slot] = False
-            else:
-                q, field_status = _value(b, q, kind, slot, seeds[j], row, classes, hex_digits, list_delimiter, pow10,
-                                         ints, floats, lists, list_counts)
-                if kind != SKIP and kind != LIST:
-                    missing[row, slot if kind != FLOAT else num_ints + slot] = False
-            if field_status == EMPTY:
-                if kind == INT or kind == HEX or kind == STRING:
-                    ints[row, slot] = 0
-                    missing[row, slot] = True
-                elif kind == FLOAT:
-                    floats[row, slot] = 0.0
-                    missing[row, num_ints + slot] = True
-                field_status = EMPTY if required[j] else OK
-            elif field_status == FALLBACK:
-                fallback[fallbacks, 0] = row
-                fallback[fallbacks, 1] = j
-                fallback[fallbacks, 2] = slot
-                fallback[fallbacks, 3] = start
-                fallback[fallbacks, 4] = q
-                fallback[fallbacks, 5] = 1 if quoting and b[start] == _QUOTE else 0
-                fallbacks += 1
-                field_status = OK
-            if field_status != OK and status == OK:
-                status = field_status
-                err_field[row] = j
-                err_start[row] = start
-                err_end[row] = q
-            c = b[q]
-            cls = classes[c]
-            if j + 1 < num_fields:
-                if cls != DELIM:
-                    split = False
-                    break
-                q += 1
-            elif cls == NEWLINE:
-                q += 1
-            elif crlf and c == 0x0D and b[q + 1] == 0x0A:
-                q += 2
-            else:
-                split = False
-        if not split:
-            q, count, control, quote_code, quote_field, quote_start, quote_end = _split(
-                b, line_start, classes, delimiter, quoting, crlf)
-            if control >= 0:
-                status, err_start[row] = CONTROL_CHAR, control
-            elif quote_code != OK:
-                status, err_field[row], err_start[row], err_end[row] = quote_code, quote_field, quote_start, quote_end
-            else:
-                status, err_start[row] = COUNT, count
-            missing[row, :] = True
-            fallbacks = first_fallback
-        err[row] = status
-        if status != OK:  # (its ints and floats are zeroed by the caller)
+        after = -1
+        if fast and q >= 8:
+            after = _fast_line(b, words, q, row, kinds, slots, seeds, required, classes, hex_digits, quoting, crlf,
+                               list_delimiter, pow10, ints, floats, missing, lists, list_counts, seps, keep)
+        if after >= 0:
+            q = after
+            err[row] = OK
+        else:
             for k in range(num_lists):
                 list_counts[k] = list_offsets[k, row]
+            q, status, fallbacks = _careful_line(
+                b, q, row, kinds, slots, seeds, required, classes, hex_digits, delimiter, quoting, crlf,
+                list_delimiter, pow10, ints, floats, missing, lists, list_counts, err_field, err_start, err_end,
+                fallback, fallbacks, scratch)
+            err[row] = status
+            if status != OK:  # (its ints and floats are zeroed by the caller)
+                for k in range(num_lists):
+                    list_counts[k] = list_offsets[k, row]
         for k in range(num_lists):
             list_offsets[k, row + 1] = list_counts[k]
     return fallbacks
@@ -578,10 +720,11 @@ def parse_text(data: bytes, rows: int, layout: Layout) -> TextChunk:
     err_end = np.empty(rows, dtype=np.int64)
     fallback = np.empty((rows * num_floats, 6), dtype=np.int64)
     scratch = np.empty(len(data) + 1 if syntax.quoting else 1, dtype=np.uint8)
-    fallbacks = _parse(b, rows, layout.kinds, layout.slots, layout.seeds, layout.required, layout.classes, _HEX_DIGITS,
-                       layout.delimiter, syntax.quoting, syntax.crlf, layout.list_delimiter, _POW10,
+    words = np.ndarray((b.size - 7,) if b.size >= 8 else (0,), dtype="<u8", buffer=data, strides=(1,))
+    fallbacks = _parse(b, words, rows, layout.kinds, layout.slots, layout.seeds, layout.required, layout.classes,
+                       _HEX_DIGITS, layout.delimiter, syntax.quoting, syntax.crlf, layout.list_delimiter, _POW10,
                        ints, floats, missing, list_offsets, lists, err, err_field, err_start, err_end,
-                       fallback, scratch)
+                       fallback, scratch, _KEEP)
     if fallbacks:
         _python_floats(data, layout, fallback[:fallbacks], floats, missing, err, err_field, err_start, err_end)
     bad = err != OK
