@@ -68,8 +68,9 @@ def _integer(text: bytes, pattern, base: int, low: int):
     return value if low <= value <= INT64_MAX else "range"
 
 
-def reference(line: bytes, fields: tuple, syntax: TextSyntax):
-    """(values by column name, missing by column name) of a good line, or the reason a bad one is bad."""
+def reference(line: bytes, fields: tuple, syntax: TextSyntax, names: tuple):
+    """(values by column name, missing by column name) of a good line, or the reason a bad one is bad.
+    ``fields``: the column of each field (None: not read), ``names``: each field's name."""
     body = line[:-1] if syntax.crlf and line.endswith(b"\r") else line
     delimiter = ord(syntax.delimiter)
     controls = [c for c in body if c < 0x20 and c not in (0x09, delimiter)]
@@ -80,8 +81,7 @@ def reference(line: bytes, fields: tuple, syntax: TextSyntax):
         verdict, parts = _split_quoted(body, delimiter)
         if verdict == "bad":
             j, code, raw = parts
-            name = fields[j].name if j < len(fields) and fields[j] is not None else f"x{j}"
-            where = f"column {name} (field {j + 1}): "
+            where = f"column {names[j]} (field {j + 1}): " if j < len(fields) else f"field {j + 1}: "
             if code == "open":
                 return where + "a quoted field has no closing quote on its line"
             return where + f"{raw.decode('utf-8', 'replace')!r} has text after its closing quote"
@@ -133,13 +133,21 @@ def reference(line: bytes, fields: tuple, syntax: TextSyntax):
     return problem if problem is not None else (values, missing)
 
 
+def key_hash(key: int, cols, name: str) -> int:
+    """The MurmurHash3 a string column's key stands for: the hash of its 8 little-endian bytes (whose low 4
+    are zero)."""
+    assert key & 0xFFFFFFFF == 0, key
+    seed = next(c.hash_seed for c in cols if c.name == name)
+    return murmurhash3_32(key.to_bytes(8, "little", signed=True), seed, positive=True)
+
+
 def check_against_reference(lines: list[bytes], layout: Layout, final_newline: bool = True) -> None:
     data = b"\n".join(lines) + (b"\n" if final_newline or not lines[-1] else b"")  # (an empty last line has one)
     got = parse_text(data, len(lines), layout)
     ints = {c.name: k for k, c in enumerate(layout.int_columns)}
     floats = {c.name: k for k, c in enumerate(layout.float_columns)}
     for r, line in enumerate(lines):
-        want = reference(line, layout.fields, layout.syntax)
+        want = reference(line, layout.fields, layout.syntax, layout.names)
         if isinstance(want, str):
             assert got.bad[r] and got.reasons[r] == want, (line, got.reasons.get(r), want)
             assert not got.ints[r].any() and not got.floats[r].any(), line
@@ -151,7 +159,10 @@ def check_against_reference(lines: list[bytes], layout: Layout, final_newline: b
         values, missing = want
         for name, k in ints.items():
             assert got.missing[r, k] == missing[name], (line, name)
-            assert got.ints[r, k] == values[name], (line, name, got.ints[r, k], values[name])
+            value = int(got.ints[r, k])
+            if layout.columns[[c.name for c in layout.columns].index(name)].kind is K.STRING and not missing[name]:
+                value = key_hash(value, layout.columns, name)
+            assert value == values[name], (line, name, got.ints[r, k], values[name])
         for name, k in floats.items():
             assert got.missing[r, len(ints) + k] == missing[name], (line, name)
             value = got.floats[r, k]
@@ -268,28 +279,31 @@ def test_random_bytes_never_misparse(cols, raw, csv):
 def test_header_layout_skips_undeclared_fields():
     declared = (Column("b", K.FLOAT), Column("d", K.STRING, hash_seed=7))
     layout = Layout(declared, CSV, fields=(None, declared[0], None, declared[1]), names=("a", "b", "c", "d"))
-    lines = [b'x,1.5,"y,z",hello', b'1,2,3', b',,,', b'"a""b",1e3,q,"he said ""hi"""']
+    lines = [b'x,1.5,"y,z",hello', b'1,2,3', b',,,', b'"a""b",1e3,q,"he said ""hi"""', b'1,2,"3"x,4']
     check_against_reference(lines, layout)
     got = parse_text(b"\n".join(lines), len(lines), layout)
-    assert got.reasons == {1: "expected 4 comma-separated fields, found 3"}
-    assert got.floats[:, 0].tolist() == [1.5, 0.0, 0.0, 1000.0]
-    assert got.ints[3, 0] == murmur3_32(['he said "hi"'], seed=7)[0]
+    assert got.reasons == {1: "expected 4 comma-separated fields, found 3",
+                           4: "column c (field 3): '\"3\"x' has text after its closing quote"}
+    assert got.floats[:, 0].tolist() == [1.5, 0.0, 0.0, 1000.0, 0.0]
+    assert murmur3_32(got.ints[3:, 0], seed=7)[0] == murmur3_32(['he said "hi"'], seed=7)[0]
 
 
 def test_strings_hash_as_ops_hash_buckets():
-    """A string column's value is MurmurHash3 of its UTF-8 bytes with the column's seed, so its bucket is what
-    ``ops.hash_buckets`` gives the same strings (golden: sklearn's murmurhash3_32 of b'abc', seed 3)."""
+    """A string column's value is the int64 key whose MurmurHash3 is the string's (UTF-8 bytes, the column's
+    seed), so hashed as an id it gets the bucket ``ops.hash_buckets`` gives the string (golden: sklearn's
+    murmurhash3_32 of b'abc', seed 3)."""
     words = ["abc", "", "naïve", "日本語テキスト", "a,b", 'q"q', "x" * 37]
     col = Column("s", K.STRING, hash_seed=3)
     text = b"\n".join(_quote(w.encode()) for w in words)
     got = parse_text(text, len(words), Layout((col,), CSV))
     assert not got.bad.any()
-    hashed = got.ints[:, 0]
-    assert hashed[0] == 1193954329 == murmurhash3_32(b"abc", 3, positive=True)
+    keys = got.ints[:, 0]
+    assert murmur3_32(keys[:1], seed=3)[0] == 1193954329 == murmurhash3_32(b"abc", 3, positive=True)
     assert got.missing[:, 0].tolist() == [w == "" for w in words]
     nonempty = [k for k, w in enumerate(words) if w]
-    expect = hash_buckets(Strings.from_pylist([words[k] for k in nonempty]), 1000, seed=3)
-    assert (hashed[nonempty] % 1000).tolist() == expect.tolist()
+    for buckets in (1000, 1 << 20, (1 << 32) - 1):
+        expect = hash_buckets(Strings.from_pylist([words[k] for k in nonempty]), buckets, seed=3)
+        assert hash_buckets(keys[nonempty], buckets, seed=3).tolist() == expect.tolist()
 
 
 def test_floats_are_correctly_rounded():

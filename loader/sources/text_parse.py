@@ -9,8 +9,10 @@ loader's threads parse different chunks at the same time. Per field kind:
   (at most 18 significant digits, a power of ten within 10^+-22) are converted here exactly (Clinger's fast
   path: both operands exact, one IEEE operation); anything else (long mantissas, large exponents, ``nan``,
   ``inf``, underscores, spaces) is handed to ``float()`` itself. NaN is a missing value; +-inf is a bad row.
-- ``STRING``: MurmurHash3_x86_32 of the field's bytes with the column's ``hash_seed`` (what
-  ``feedline.ops.murmur3_32`` gives for the same UTF-8 string), stored as an int64 in [0, 2^32).
+- ``STRING``: the field's bytes (UTF-8) hashed with MurmurHash3_x86_32 and the column's ``hash_seed``, kept as
+  the one int64 *key* (low 32 bits zero) whose own 8-byte MurmurHash3 with that seed is the same hash
+  (``string_keys``). Hashed like any int64 id, the key lands in the bucket ``ops.hash_buckets`` gives the
+  string, so the hash stage (CPU or GPU) needs nothing of its own for strings.
 - ``INT_LIST``: decimal integers separated by the list delimiter; an empty field is an empty list.
 - fields the layout does not read (``SKIP``: columns of a header that were not declared) are only split.
 
@@ -148,6 +150,41 @@ def _murmur3(b, start, n, seed):
     h = (h * 0xC2B2AE35) & _MASK32
     h ^= h >> 16
     return h
+
+
+# Modular inverses (mod 2^32) of MurmurHash3's multipliers, to run its 8-byte rounds backwards.
+_C1_INV, _C2_INV, _FIVE_INV, _F1_INV, _F2_INV = 0xDEE13BB1, 0x56ED309B, 0xCCCCCCCD, 0xA5CB9243, 0x7ED1B41D
+
+
+@njit(nogil=True, cache=True)
+def _string_key(h, seed):
+    """The int64 whose 8 little-endian bytes hash (MurmurHash3_x86_32, ``seed``) to ``h``, among those with
+    their low 32 bits zero: there is exactly one, found by running the hash's rounds backwards. So a string
+    column's key, hashed like any int64 id, lands where the string itself would."""
+    h &= _MASK32
+    h ^= h >> 16  # fmix, inverted
+    h = (h * _F2_INV) & _MASK32
+    h ^= (h >> 13) ^ (h >> 26)
+    h = (h * _F1_INV) & _MASK32
+    h ^= h >> 16
+    h ^= 8  # the key's length
+    s1 = seed & _MASK32  # the first block, zero, leaves the state at rotl(seed, 13) * 5 + n
+    s1 = ((s1 << 13) | (s1 >> 19)) & _MASK32
+    s1 = (s1 * 5 + 0xE6546B64) & _MASK32
+    x = ((h - 0xE6546B64) * _FIVE_INV) & _MASK32
+    x = ((x >> 13) | (x << 19)) & _MASK32
+    m = x ^ s1  # the second block, mixed
+    m = (m * _C2_INV) & _MASK32
+    m = ((m >> 15) | (m << 17)) & _MASK32
+    k = (m * _C1_INV) & _MASK32
+    return np.int64(k) << 32  # wraps into the sign bit as the bytes say
+
+
+@njit(nogil=True, cache=True)
+def string_keys(offsets, data, seed, out):
+    """``out[i]``: the key (see ``_string_key``) of string ``data[offsets[i]:offsets[i + 1]]`` with ``seed``."""
+    for i in range(out.size):
+        out[i] = _string_key(_murmur3(data, offsets[i], offsets[i + 1] - offsets[i], seed), seed)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -331,7 +368,7 @@ def _value(b, q, kind, slot, seed, row, classes, hex_digits, list_delimiter, pow
         ints[row, slot] = v
     elif kind == STRING:
         end = _field_end(b, q, classes)
-        ints[row, slot] = _murmur3(b, q, end - q, seed)
+        ints[row, slot] = _string_key(_murmur3(b, q, end - q, seed), seed)
         q, status = end, OK
     elif kind == FLOAT:
         q, f, status = _float(b, q, classes, pow10)
@@ -355,7 +392,7 @@ def _quoted(b, q, kind, slot, seed, row, classes, crlf, hex_digits, list_delimit
     if n == 0:
         return after, EMPTY
     if kind == STRING:  # the whole content, delimiters inside included
-        ints[row, slot] = _murmur3(scratch, 0, n, seed)
+        ints[row, slot] = _string_key(_murmur3(scratch, 0, n, seed), seed)
         return after, OK
     if kind == SKIP:
         return after, OK
@@ -554,7 +591,7 @@ def _fast_line(b, words, q, row, kinds, slots, seeds, required, classes, hex_dig
             ints[row, slot] = v
             missing[row, slot] = False
         elif kind == STRING:
-            ints[row, slot] = _murmur3(b, s, length, seeds[j])
+            ints[row, slot] = _string_key(_murmur3(b, s, length, seeds[j]), seeds[j])
             missing[row, slot] = False
         elif kind == FLOAT:
             end_, f, status = _float(b, s, classes, pow10)
@@ -789,8 +826,9 @@ def _reason(data: bytes, layout: Layout, code: int, field: int, start: int, end:
         return f"expected {layout.kinds.size} {syntax.delimiter_name}-separated fields, found {start}"
     if code == NO_LINE:
         return "the chunk ends before this line (did the file change while it was read?)"
-    column = layout.fields[field]
-    where = f"column {layout.names[field]} (field {field + 1}): "
+    # (a quote can go wrong in a field past the last one the line should have)
+    where = f"column {layout.names[field]} (field {field + 1}): " if field < len(layout.names) else \
+        f"field {field + 1}: "
     text = data[start:end].decode("utf-8", "replace")
     if code == QUOTE_OPEN:
         return where + "a quoted field has no closing quote on its line"
@@ -802,6 +840,7 @@ def _reason(data: bytes, layout: Layout, code: int, field: int, start: int, end:
         return where + f"{text!r} is NaN (a missing value), and a value is required"
     if code == NOT_FINITE:
         return where + f"{text!r} is not a finite number"
+    column = layout.fields[field]
     if column.kind is ColumnKind.INT_LIST:
         what = f"a list of decimal integers separated by {syntax.list_delimiter!r}"
         if code == OUT_OF_RANGE:
