@@ -8,7 +8,7 @@ first use, and fall back to NumPy without numba: importing this package needs no
 
 from .bucketize import bucketize
 from .cross import cross
-from .gather_columns import ColumnBlock, gather_columns, gather_raw, group_by_chunk
+from .gather_columns import ColumnBlock, gather_columns, gather_picks, gather_raw, group_by_chunk
 from .hash_columns import HashPlan, hash_columns, hash_plan
 from .hashing import hash_buckets, murmur3_32
 from .jagged import Jagged, keyed_jagged
@@ -27,6 +27,7 @@ __all__ = [
     "cross",
     "dense_plan",
     "gather_columns",
+    "gather_picks",
     "gather_raw",
     "group_by_chunk",
     "hash_buckets",

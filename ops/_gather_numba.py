@@ -22,7 +22,7 @@ NAN32 = np.float32(np.nan)
 @helper
 def copy_values(values, start, step, local, out):
     for i in range(local.shape[0]):
-        out[i] = values[start + local[i] * step]
+        out[i] = values[np.uint64(start + local[i] * step)]
 
 
 @helper
@@ -56,11 +56,11 @@ def load_floats(data, code, start, step, local, out):
 def load_missing(flags, kind, first, step, local, out):
     if kind == BYTE_FLAGS:
         for i in range(local.shape[0]):
-            out[i] = flags[first + local[i] * step] != 0
+            out[i] = flags[np.uint64(first + local[i] * step)] != 0
     elif kind == BIT_FLAGS:
         for i in range(local.shape[0]):
-            bit = first + local[i] * step
-            out[i] = (flags[bit >> 3] >> (bit & 7)) & 1 != 0
+            bit = np.uint64(first + local[i] * step)
+            out[i] = (flags[bit >> np.uint64(3)] >> (bit & np.uint64(7))) & 1 != 0
     else:
         out[:] = False
 
@@ -81,24 +81,29 @@ def gather_columns(data, flags, layout, picks, local, positions, missing_id, lab
             load_ints(data, code, layout[c, 1], layout[c, 2], local, ints)
         if target != LABEL:
             load_missing(flags, layout[c, 3], layout[c, 4], layout[c, 5], local, missing)
+        # Each value is loaded before the choice, so that the choice compiles to a select: missing flags are
+        # random, and a branch on them would be mispredicted a third of the time.
         if target == IDS:
             out_ids = ids[row]
             for i in range(n):
-                out_ids[positions[i]] = missing_id if missing[i] else ints[i]
+                v = ints[i]
+                out_ids[np.uint64(positions[i])] = missing_id if missing[i] else v
         elif target == DENSE and is_float:
             out_dense = dense[row]
             for i in range(n):
-                out_dense[positions[i]] = NAN32 if missing[i] else np.float32(floats[i])
+                f = np.float32(floats[i])
+                out_dense[np.uint64(positions[i])] = NAN32 if missing[i] else f
         elif target == DENSE:
             out_dense = dense[row]
             for i in range(n):
-                out_dense[positions[i]] = NAN32 if missing[i] else np.float32(ints[i])
+                f = np.float32(ints[i])
+                out_dense[np.uint64(positions[i])] = NAN32 if missing[i] else f
         elif is_float:
             for i in range(n):
-                label[positions[i]] = np.float32(floats[i])
+                label[np.uint64(positions[i])] = np.float32(floats[i])
         else:
             for i in range(n):
-                label[positions[i]] = np.float32(ints[i])
+                label[np.uint64(positions[i])] = np.float32(ints[i])
 
 
 @kernel
@@ -135,12 +140,16 @@ def chunk_of(first_row, row):
 
 
 @kernel
-def group_by_chunk(rows, first_row, chunks, bounds, local, positions):
+def group_by_chunk(rows, first_row, num_rows, chunks, bounds, local, positions):
     """Rows grouped by the chunk holding them (``first_row``: each chunk's first row, increasing), in order of
     first appearance, each group keeping the rows' order: ``chunks[g]`` is group g's chunk, its rows
     ``bounds[g]:bounds[g + 1]`` of ``local`` (row within the chunk) and ``positions`` (index into ``rows``).
-    Returns the number of groups, or -1 when more than ``chunks.shape[0]`` chunks are met."""
+    Returns the number of groups, -1 when more than ``chunks.shape[0]`` chunks are met, -2 when a row is not
+    in ``[0, num_rows)``."""
     n = rows.shape[0]
+    for i in range(n):
+        if rows[i] < 0 or rows[i] >= num_rows:
+            return -2
     slot = np.empty(n, np.int64)
     counts = np.zeros(chunks.shape[0] + 1, np.int64)
     groups = 0

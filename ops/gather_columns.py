@@ -42,13 +42,45 @@ class ColumnBlock(NamedTuple):
     rows: int
 
     @classmethod
-    def row_major(cls, values: np.ndarray, missing: np.ndarray) -> ColumnBlock:
-        """The block of a C-contiguous [rows, columns] array (int64 or float64) and its bool missing mask."""
+    def row_major(cls, values: np.ndarray, missing: np.ndarray, floats: np.ndarray | None = None) -> ColumnBlock:
+        """The block of a C-contiguous [rows, columns] array (int64 or float64) and its bool missing mask
+        [rows, columns]; with ``floats`` (float64 [rows, more columns]), their columns follow (the mask then
+        covers both, ``values``' columns first). ``values`` alone is used in place; with ``floats`` both are
+        copied into one buffer."""
         rows, columns = values.shape
-        code = CODES[values.dtype]
-        layout = np.array([(code, c, columns, BYTE_FLAGS, c, columns) for c in range(columns)],
-                          dtype=np.int64).reshape(columns, 6)
-        return cls(values.reshape(-1).view(np.uint8), missing.reshape(-1).view(np.uint8), layout, rows)
+        more = 0 if floats is None else floats.shape[1]
+        width = columns + more
+        layout = [(CODES[values.dtype], c, columns, BYTE_FLAGS, c, width) for c in range(columns)]
+        if not more:
+            data = values.reshape(-1).view(np.uint8)
+        else:
+            data = np.empty(rows * width * 8, dtype=np.uint8)
+            split = rows * columns * values.itemsize
+            data[:split] = values.reshape(-1).view(np.uint8)
+            data[split:] = np.ascontiguousarray(floats, dtype=np.float64).reshape(-1).view(np.uint8)
+            layout += [(CODES[np.dtype(np.float64)], rows * columns + c, more, BYTE_FLAGS, columns + c, width)
+                       for c in range(more)]
+        return cls(data, missing.reshape(-1).view(np.uint8), np.array(layout, dtype=np.int64).reshape(width, 6), rows)
+
+    @classmethod
+    def records(cls, data: np.ndarray, dtypes, offsets, record: int, flags_at: int, flag_bits, flag_bytes: int,
+                rows: int) -> ColumnBlock:
+        """The block of a buffer of ``rows`` fixed-size records of ``record`` bytes (a multiple of 8) from byte
+        0: column ``c`` of type ``dtypes[c]`` at byte ``offsets[c]`` of each record (which its item size
+        divides); each row's missing flags ``flag_bytes`` bytes from byte ``flags_at`` (a multiple of 8),
+        column ``c``'s in bit ``flag_bits[c]`` (bit ``b % 8`` of byte ``b // 8``), as converted tables store a
+        chunk."""
+        layout = [(CODES[np.dtype(d)], o // np.dtype(d).itemsize, record // np.dtype(d).itemsize, BIT_FLAGS,
+                   8 * flags_at + int(b), 8 * flag_bytes) for d, o, b in zip(dtypes, offsets, flag_bits)]
+        return cls(data, data, np.array(layout, dtype=np.int64).reshape(len(layout), 6), rows)
+
+
+def gather_picks(label: int | None, dense, ids) -> np.ndarray:
+    """The ``picks`` of :func:`gather_columns` that send block column ``label`` to the label, ``dense[k]`` to
+    dense row ``k`` and ``ids[k]`` to id row ``k``."""
+    picks = [(label, LABEL, 0)] if label is not None else []
+    picks += [(c, DENSE, k) for k, c in enumerate(dense)] + [(c, IDS, k) for k, c in enumerate(ids)]
+    return np.array(picks, dtype=np.int64).reshape(-1, 3)
 
 
 def _values(block: ColumnBlock, column: int, local: np.ndarray) -> np.ndarray:
@@ -114,12 +146,13 @@ def gather_raw(block: ColumnBlock, int_columns: np.ndarray, float_columns: np.nd
     return ints, floats, missing
 
 
-def group_by_chunk(rows: np.ndarray, first_row: np.ndarray, *, max_groups: int = 64
+def group_by_chunk(rows: np.ndarray, first_row: np.ndarray, num_rows: int, *, max_groups: int = 64
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``rows`` (int64, any order) grouped by chunk (``first_row``: the chunks' first rows, increasing, the
-    first 0): ``(chunks, bounds, local, positions)``: group ``g`` is chunk ``chunks[g]``, holding entries
-    ``bounds[g]:bounds[g + 1]`` of ``local`` (the row within its chunk) and ``positions`` (where the row is in
-    ``rows``). Groups come in order of first appearance and keep the rows' order within them."""
+    """``rows`` (1-D int64, any order, each in ``[0, num_rows)``: an ``IndexError`` says otherwise) grouped by
+    chunk (``first_row``: the chunks' first rows, increasing, the first 0): ``(chunks, bounds, local,
+    positions)``: group ``g`` is chunk ``chunks[g]``, holding entries ``bounds[g]:bounds[g + 1]`` of ``local``
+    (the row within its chunk) and ``positions`` (where the row is in ``rows``). Groups come in order of first
+    appearance and keep the rows' order within them."""
     n = rows.shape[0]
     native = kernels("gather")
     if native is not None:
@@ -127,9 +160,11 @@ def group_by_chunk(rows: np.ndarray, first_row: np.ndarray, *, max_groups: int =
         bounds = np.empty(max_groups + 1, dtype=np.int64)
         local = np.empty(n, dtype=np.int64)
         positions = np.empty(n, dtype=np.int64)
-        groups = native.group_by_chunk(rows, first_row, chunks, bounds, local, positions)
+        groups = native.group_by_chunk(rows, first_row, num_rows, chunks, bounds, local, positions)
         if groups >= 0:
             return chunks[:groups], bounds[:groups + 1], local, positions
+    if n and (rows.min() < 0 or rows.max() >= num_rows):
+        raise IndexError(f"rows must lie in [0, {num_rows}), got values in [{rows.min()}, {rows.max()}]")
     chunk_of = np.searchsorted(first_row, rows, side="right") - 1
     unique, first_seen = np.unique(chunk_of, return_index=True)
     rank = np.empty(unique.size, dtype=np.int64)

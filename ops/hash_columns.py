@@ -12,6 +12,7 @@ runs as a GIL-free numba kernel (NumPy where numba is missing), on the GPU as on
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +39,16 @@ class HashPlan:
     @property
     def width(self) -> int:
         return self.sources.shape[1]
+
+    @functools.cached_property
+    def reads(self) -> int:
+        """Raw rows the plan needs (one more than the largest it reads)."""
+        return int(self.sources.max()) + 1 if self.sources.size else 0
+
+    @functools.cached_property
+    def writes(self) -> int:
+        """Output rows the plan needs."""
+        return int(self.targets.max()) + 1 if self.targets.size else 0
 
     def __len__(self) -> int:
         return self.sources.shape[0]
@@ -89,9 +100,9 @@ def hash_columns(raw, plan: HashPlan, out=None):
     xp = array_module(raw=raw) if out is None else array_module(raw=raw, out=out)
     if raw.dtype != np.int64 or raw.ndim != 2:
         raise TypeError(f"raw must be a 2-D int64 array, got {raw.dtype} with shape {raw.shape}")
-    if len(plan) and int(plan.sources.max()) >= raw.shape[0]:
-        raise ValueError(f"plan reads raw row {int(plan.sources.max())}, but raw has {raw.shape[0]} rows")
-    rows = int(plan.targets.max()) + 1 if len(plan) else 0
+    if plan.reads > raw.shape[0]:
+        raise ValueError(f"plan reads raw row {plan.reads - 1}, but raw has {raw.shape[0]} rows")
+    rows = plan.writes
     if out is None:
         out = xp.empty((rows, raw.shape[1]), dtype=np.int64)
     elif out.dtype != np.int64 or out.ndim != 2 or out.shape[0] < rows or out.shape[1] != raw.shape[1] \

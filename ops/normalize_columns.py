@@ -7,6 +7,7 @@ missing), on the GPU as one CUDA kernel.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -33,6 +34,11 @@ class DensePlan:
 
     def __len__(self) -> int:
         return self.sources.shape[0]
+
+    @functools.cached_property
+    def reads(self) -> int:
+        """Raw rows the plan needs (one more than the largest it reads)."""
+        return int(self.sources.max()) + 1 if self.sources.size else 0
 
     def on_device(self, cupy) -> tuple:
         """(sources, fill, clip_min, flags) on the current device, copied there once; flags int32: bit 0 clip,
@@ -77,8 +83,8 @@ def normalize_columns(raw, plan: DensePlan, out=None):
     xp = array_module(raw=raw) if out is None else array_module(raw=raw, out=out)
     if raw.dtype != np.float32 or raw.ndim != 2:
         raise TypeError(f"raw must be a 2-D float32 array, got {raw.dtype} with shape {raw.shape}")
-    if len(plan) and int(plan.sources.max()) >= raw.shape[0]:
-        raise ValueError(f"plan reads raw row {int(plan.sources.max())}, but raw has {raw.shape[0]} rows")
+    if plan.reads > raw.shape[0]:
+        raise ValueError(f"plan reads raw row {plan.reads - 1}, but raw has {raw.shape[0]} rows")
     shape = (raw.shape[1], len(plan))
     if out is None:
         out = xp.empty(shape, dtype=np.float32)

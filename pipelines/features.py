@@ -1,7 +1,11 @@
 """The stages of a tabular feature pipeline, each with one implementation that runs on NumPy (CPU) or CuPy
-(GPU): ``run(data, xp)`` takes the batch's arrays so far and returns the ones it produces.
+(GPU): ``run(data, xp, out)`` takes the batch's arrays so far and returns the ones it produces.
 
-Arrays are feature-major (``[features, rows]``) until ``dense`` transposes its output to ``[rows, features]``.
+Arrays are feature-major (``[features, rows]``) until ``dense`` writes its output row-major ``[rows, features]``.
+Each stage works on the whole batch in a few native passes (``feedline.ops``: numba kernels that release the
+GIL on the CPU, one CUDA kernel each on the GPU). A stage declares the arrays it produces with a fixed shape
+(``shapes(rows)``) so that the runner can hand them in preallocated (``out``): the buffers a batch is delivered
+in, the pinned buffer that crosses to the GPU, or scratch reused by a thread; a stage given none allocates.
 """
 from __future__ import annotations
 
@@ -15,6 +19,14 @@ from .. import ops
 from .stage import BOTH, CPU_ONLY, Stage
 
 MISSING_ID = -1
+Shapes = dict[str, tuple[tuple[int, ...], np.dtype]]
+
+
+def _array(out: Mapping[str, Any] | None, name: str, shape: tuple[int, ...], dtype, xp):
+    """The array the runner preallocated for ``name``, or a new one."""
+    if out is not None and name in out:
+        return out[name]
+    return xp.empty(shape, dtype=dtype)
 
 
 @dataclass(frozen=True)
@@ -23,7 +35,11 @@ class FeatureStage(Stage):
     produces: tuple[str, ...]
     backends = BOTH
 
-    def run(self, data: Mapping[str, Any], xp) -> dict[str, Any]:
+    def shapes(self, rows: int) -> Shapes:
+        """Shape and dtype of each produced array whose shape a batch of ``rows`` rows fixes."""
+        return {}
+
+    def run(self, data: Mapping[str, Any], xp, out: Mapping[str, Any] | None = None) -> dict[str, Any]:
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -32,9 +48,9 @@ class FeatureStage(Stage):
 
 @dataclass(frozen=True)
 class Parse(FeatureStage):
-    """The rows the source read (``data["columns"]``: name -> values and missing mask) -> ``label`` float32
-    [B], ``dense_raw`` float32 [D, B] (NaN = missing), ``categorical_raw`` int64 [K, B] (missing =
-    ``MISSING_ID``), ``lists_raw`` (one list column per multi-hot feature). CPU only: it reads the source."""
+    """The rows the source read -> ``label`` float32 [B], ``dense_raw`` float32 [D, B] (NaN = missing),
+    ``categorical_raw`` int64 [K, B] (missing = ``MISSING_ID``), ``lists_raw`` (one list column per multi-hot
+    feature). CPU only: it reads the source."""
 
     label: str | None
     dense: tuple[str, ...]
@@ -46,80 +62,121 @@ class Parse(FeatureStage):
     def describe(self) -> str:
         return "read the rows' columns: label, dense, ids, lists"
 
-    def run(self, data, xp=np) -> dict[str, Any]:
-        columns = data["columns"]
-        out: dict[str, Any] = {}
+    def shapes(self, rows: int) -> Shapes:
+        shapes: Shapes = {}
         if self.label is not None:
-            out["label"] = columns[self.label].values.astype(np.float32)
+            shapes["label"] = ((rows,), np.dtype(np.float32))
         if self.dense:
-            raw = np.stack([columns[name].values for name in self.dense]).astype(np.float32)
-            raw[np.stack([columns[name].missing for name in self.dense])] = np.nan
-            out["dense_raw"] = raw
+            shapes["dense_raw"] = ((len(self.dense), rows), np.dtype(np.float32))
         if self.categorical:
-            ids = np.stack([columns[name].values for name in self.categorical])
-            ids[np.stack([columns[name].missing for name in self.categorical])] = MISSING_ID
-            out["categorical_raw"] = ids
+            shapes["categorical_raw"] = ((len(self.categorical), rows), np.dtype(np.int64))
+        return shapes
+
+    def read(self, source, rows: np.ndarray, out: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], np.ndarray]:
+        """Rows ``rows`` of ``source`` parsed, and which of them are bad. A source that gathers (a streamed
+        table) writes them straight from its cached chunks into the arrays; any other goes through its
+        ``read`` and :meth:`run`."""
+        arrays = {name: _array(out, name, shape, dtype, np) for name, (shape, dtype) in self.shapes(rows.size).items()}
+        if not hasattr(source, "gather"):
+            read = source.read(rows)
+            return self.run({"columns": read.columns}, np, arrays), read.bad
+        got = source.gather(rows, label=self.label, dense=self.dense, categorical=self.categorical, lists=self.lists,
+                            missing_id=MISSING_ID, label_out=arrays.get("label"), dense_out=arrays.get("dense_raw"),
+                            ids_out=arrays.get("categorical_raw"))
         if self.lists:
-            out["lists_raw"] = tuple(columns[name] for name in self.lists)
-        return out
+            arrays["lists_raw"] = tuple(got.lists[name] for name in self.lists)
+        return arrays, got.bad
+
+    def run(self, data, xp=np, out=None) -> dict[str, Any]:
+        """From ``data["columns"]`` (name -> values and missing mask, as a source's ``read`` gives them)."""
+        columns = data["columns"]
+        rows = len(next(iter(columns.values())).values) if columns else 0
+        arrays = {name: _array(out, name, shape, dtype, np) for name, (shape, dtype) in self.shapes(rows).items()}
+        if self.label is not None:
+            arrays["label"][:] = columns[self.label].values
+        for name, row in zip(self.dense, arrays.get("dense_raw", ())):
+            row[:] = columns[name].values
+            row[columns[name].missing] = np.nan
+        for name, row in zip(self.categorical, arrays.get("categorical_raw", ())):
+            row[:] = columns[name].values
+            row[columns[name].missing] = MISSING_ID
+        if self.lists:
+            arrays["lists_raw"] = tuple(columns[name] for name in self.lists)
+        return arrays
 
 
 @dataclass(frozen=True)
 class DenseColumns(FeatureStage):
-    """``dense_raw`` -> ``dense`` float32 [B, D] (fill, clip, log1p per column) and ``bucketized`` int64 [K, B]
-    for the columns with boundaries (the same steps, then ``ops.bucketize``)."""
+    """``dense_raw`` -> ``dense`` float32 [B, D] (fill, clip, log1p per column: ``ops.normalize_columns``) and
+    ``bucketized`` int64 [K, B] for the columns with boundaries (the same steps, then ``ops.bucketize``)."""
 
-    dense: tuple  # Dense declarations without boundaries, in output order
-    bucketized: tuple  # Dense declarations with boundaries
+    dense: tuple  # Dense declarations without boundaries, in output order: rows 0.. of dense_raw
+    bucketized: tuple  # Dense declarations with boundaries: the rows of dense_raw after them
     name = "dense"
 
     def describe(self) -> str:
         return "fill, clip, log1p; bucketize"
 
-    def run(self, data, xp) -> dict[str, Any]:
-        raw = data["dense_raw"]
-        out: dict[str, Any] = {}
+    @functools.cached_property
+    def plan(self) -> ops.DensePlan:
+        return ops.dense_plan(range(len(self.dense)), [f.fill for f in self.dense],
+                              [f.clip_min for f in self.dense], [f.log1p for f in self.dense])
+
+    def shapes(self, rows: int) -> Shapes:
+        shapes: Shapes = {}
         if self.dense:
-            groups: dict[tuple, list[int]] = {}
-            for i, f in enumerate(self.dense):
-                groups.setdefault((f.fill, f.clip_min, f.log1p), []).append(i)
-            normalize = ops.normalize_dense if xp is not np else normalize_dense_memo
-            if len(groups) == 1:
-                (fill, clip, log), = groups
-                normalized = normalize(raw[:len(self.dense)], fill, clip, log)
-            else:
-                normalized = xp.empty((len(self.dense), raw.shape[1]), dtype=np.float32)
-                for (fill, clip, log), rows in groups.items():
-                    normalized[rows] = normalize(raw[rows], fill, clip, log)
-            out["dense"] = xp.ascontiguousarray(normalized.T)
+            shapes["dense"] = ((rows, len(self.dense)), np.dtype(np.float32))
         if self.bucketized:
-            ids = xp.empty((len(self.bucketized), raw.shape[1]), dtype=np.int64)
+            shapes["bucketized"] = ((len(self.bucketized), rows), np.dtype(np.int64))
+        return shapes
+
+    def run(self, data, xp, out=None) -> dict[str, Any]:
+        raw = data["dense_raw"]
+        result: dict[str, Any] = {}
+        if self.dense:
+            shape = (raw.shape[1], len(self.dense))
+            result["dense"] = ops.normalize_columns(raw, self.plan, _array(out, "dense", shape, np.float32, xp))
+        if self.bucketized:
+            ids = _array(out, "bucketized", (len(self.bucketized), raw.shape[1]), np.int64, xp)
             for k, f in enumerate(self.bucketized):
                 value = ops.normalize_dense(raw[len(self.dense) + k], f.fill, f.clip_min, f.log1p)
                 ids[k] = ops.bucketize(value, xp.asarray(f.boundaries, dtype=np.float64))
-            out["bucketized"] = ids
-        return out
+            result["bucketized"] = ids
+        return result
 
 
 @dataclass(frozen=True)
 class HashColumns(FeatureStage):
     """``categorical_raw`` -> ``categorical_ids`` int64 [C + X, B]: each categorical ``(row, buckets, seed)``
-    hashed with ``ops.hash_buckets``, then each cross ``(row_a, row_b, buckets, seed)`` with ``ops.cross``."""
+    hashed like ``ops.hash_buckets``, each cross ``(row_a, row_b, buckets, seed)`` like ``ops.cross``, all in
+    one pass (``ops.hash_columns``). ``targets``: the output row of each categorical then each cross (None:
+    in that order)."""
 
     categorical: tuple[tuple[int, int, int], ...]
     crosses: tuple[tuple[int, int, int, int], ...]
+    targets: tuple[int, ...] | None = None
     name = "hash"
 
     def describe(self) -> str:
         return "MurmurHash3 ids and crosses to buckets"
 
-    def run(self, data, xp) -> dict[str, Any]:
+    @functools.cached_property
+    def plans(self) -> tuple[ops.HashPlan, ops.HashPlan]:
+        targets = list(range(len(self.categorical) + len(self.crosses))) if self.targets is None else list(self.targets)
+        c = len(self.categorical)
+        return (ops.hash_plan([r for r, _, _ in self.categorical], [n for _, n, _ in self.categorical],
+                              [s for _, _, s in self.categorical], targets[:c]),
+                ops.hash_plan(np.array([(a, b) for a, b, _, _ in self.crosses], dtype=np.int64).reshape(-1, 2),
+                              [n for _, _, n, _ in self.crosses], [s for _, _, _, s in self.crosses], targets[c:]))
+
+    def shapes(self, rows: int) -> Shapes:
+        return {"categorical_ids": ((len(self.categorical) + len(self.crosses), rows), np.dtype(np.int64))}
+
+    def run(self, data, xp, out=None) -> dict[str, Any]:
         raw = data["categorical_raw"]
-        ids = xp.empty((len(self.categorical) + len(self.crosses), raw.shape[1]), dtype=np.int64)
-        for k, (row, num_buckets, seed) in enumerate(self.categorical):
-            ids[k] = ops.hash_buckets(raw[row], num_buckets, seed)
-        for k, (a, b, num_buckets, seed) in enumerate(self.crosses, start=len(self.categorical)):
-            ids[k] = ops.cross(raw[a], raw[b], num_buckets, seed)
+        ids = _array(out, "categorical_ids", (len(self.categorical) + len(self.crosses), raw.shape[1]), np.int64, xp)
+        for plan in self.plans:
+            ops.hash_columns(raw, plan, ids)
         return {"categorical_ids": ids}
 
 
@@ -133,58 +190,88 @@ class MultiHotColumns(FeatureStage):
     def describe(self) -> str:
         return "hash and truncate list columns (jagged)"
 
-    def run(self, data, xp) -> dict[str, Any]:
+    def run(self, data, xp, out=None) -> dict[str, Any]:
         return {"multi_hot_ids": tuple(ops.multi_hot(col.offsets, col.values, f.num_buckets, f.seed, f.max_len)
                                        for col, f in zip(data["lists_raw"], self.columns, strict=True))}
 
 
 @dataclass(frozen=True)
 class AssembleSparse(FeatureStage):
-    """Every sparse key -> ``sparse`` in TorchRec's key-major ``KeyedJaggedTensor`` layout."""
+    """Every sparse key -> ``sparse`` in TorchRec's key-major ``KeyedJaggedTensor`` layout, keys in ``keys``
+    order. ``sources``: where each key's ids are, ``(array, row)``: a row of ``categorical_ids`` or
+    ``bucketized`` (one id per row of the batch), or an entry of ``multi_hot_ids`` (jagged).
+
+    Without multi-hot keys every key has one id per row, so ``values`` has a fixed size (``shapes``) and when
+    one input holds every key's ids in key order (``alias``), the runner may have that input written straight
+    into ``values`` (and says so with ``out["sparse.aliased"]``); nothing is then copied."""
 
     keys: tuple[str, ...]
+    sources: tuple[tuple[str, int], ...]
     name = "assemble"
 
     def describe(self) -> str:
         return "KeyedJaggedTensor layout (key-major)"
 
-    def run(self, data, xp) -> dict[str, Any]:
+    @functools.cached_property
+    def fixed(self) -> bool:
+        return all(name != "multi_hot_ids" for name, _ in self.sources)
+
+    @functools.cached_property
+    def alias(self) -> str | None:
+        """The input whose rows are the keys' ids in key order, if one is (it can then be ``values`` itself)."""
+        names = {name for name, _ in self.sources}
+        if len(names) == 1 and self.fixed and [row for _, row in self.sources] == list(range(len(self.sources))):
+            return names.pop()
+        return None
+
+    def shapes(self, rows: int) -> Shapes:
+        if not self.fixed:
+            return {}
+        n = len(self.keys) * rows
+        return {"sparse.values": ((n,), np.dtype(np.int64)), "sparse.lengths": ((n,), np.dtype(np.int32)),
+                "sparse.offsets": ((n + 1,), np.dtype(np.int64))}
+
+    def run(self, data, xp, out=None) -> dict[str, Any]:
+        if not self.fixed:
+            return {"sparse": self._jagged(data, xp)}
+        name, row = self.sources[0]
+        rows = data[name].shape[1]
+        n = len(self.keys) * rows
+        values = _array(out, "sparse.values", (n,), np.int64, xp)
+        lengths = _array(out, "sparse.lengths", (n,), np.int32, xp)
+        offsets = _array(out, "sparse.offsets", (n + 1,), np.int64, xp)
+        written = out is not None and out.get("sparse.aliased") == self.alias and data[self.alias] is out[self.alias]
+        if not written:  # (the runner had the ids written into values' memory, and they were)
+            by_key = values.reshape(len(self.keys), rows)
+            for k, (name, row) in enumerate(self.sources):
+                by_key[k] = data[name][row]
+        lengths.fill(1)
+        offsets[...] = _counting(n + 1, xp)
+        return {"sparse": ops.Jagged(values, lengths, offsets)}
+
+    def _jagged(self, data, xp) -> ops.Jagged:
         values, lengths = [], []
-        for name in ("categorical_ids", "bucketized"):
-            if name in data:
-                values.append(data[name].ravel())
-                lengths.append(xp.ones(data[name].size, dtype=np.int32))
-        for jagged in data.get("multi_hot_ids", ()):
-            values.append(jagged.values)
-            lengths.append(jagged.lengths)
+        for name, row in self.sources:
+            if name == "multi_hot_ids":
+                jagged = data[name][row]
+                values.append(jagged.values)
+                lengths.append(jagged.lengths)
+            else:
+                values.append(data[name][row])
+                lengths.append(xp.ones(data[name].shape[1], dtype=np.int32))
         lengths = xp.concatenate(lengths)
         offsets = xp.zeros(lengths.size + 1, dtype=np.int64)
         xp.cumsum(lengths, dtype=np.int64, out=offsets[1:])
-        return {"sparse": ops.Jagged(xp.concatenate(values), lengths, offsets)}
+        return ops.Jagged(xp.concatenate(values), lengths, offsets)
 
 
-_MEMO_LOW, _MEMO_HIGH = -1024, 1 << 16
+@functools.lru_cache(maxsize=8)
+def _counting_numpy(n: int) -> np.ndarray:
+    numbers = np.arange(n, dtype=np.int64)
+    numbers.flags.writeable = False
+    return numbers
 
 
-@functools.lru_cache(maxsize=64)
-def _normalize_table(fill: float, clip: float | None, log: bool) -> tuple[np.ndarray, np.float32]:
-    table = ops.normalize_dense(np.arange(_MEMO_LOW, _MEMO_HIGH, dtype=np.float32), fill, clip, log)
-    return table, ops.normalize_dense(np.full(1, np.nan, dtype=np.float32), fill, clip, log)[0]
-
-
-def normalize_dense_memo(x: np.ndarray, fill: float, clip: float | None, log: bool) -> np.ndarray:
-    """``ops.normalize_dense`` on the CPU, bit for bit: an elementwise function, so its values at the small
-    integers (most counts) and at NaN (missing) are computed once and looked up; other values are computed."""
-    table, at_nan = _normalize_table(fill, clip, log)
-    with np.errstate(invalid="ignore"):
-        small = (x >= _MEMO_LOW) & (x < _MEMO_HIGH)
-    whole = np.where(small, x, 0).astype(np.int64)
-    out = table[whole - _MEMO_LOW]
-    other = ~(small & (whole == x)) | (x.view(np.uint32) == np.uint32(0x80000000))  # -0.0 keeps its sign
-    if other.any():
-        nan = np.isnan(x)
-        out[nan] = at_nan
-        other &= ~nan
-        if other.any():
-            out[other] = ops.normalize_dense(x[other], fill, clip, log)
-    return out
+def _counting(n: int, xp):
+    """0, 1, ..., n - 1 as int64 (the offsets of one id per row), kept for the batch sizes in use."""
+    return _counting_numpy(n) if xp is np else xp.arange(n, dtype=np.int64)

@@ -156,8 +156,9 @@ class TabularFiles:
 class Dense:
     """A numeric column -> ``dense``: missing becomes ``fill``, then values below ``clip_min`` are raised to
     it (None: no clipping), then ``log1p`` if set. With ``boundaries`` (strictly increasing), the value after
-    those steps is bucketized instead (bucket i holds values in [boundaries[i-1], boundaries[i])), and the
-    bucket id becomes a sparse key named ``name`` with ``len(boundaries) + 1`` buckets."""
+    those steps is bucketized instead (bucket i holds values in [boundaries[i-1], boundaries[i])): such a Dense
+    is not a column of ``dense`` but a sparse key named ``name`` (one id per row, ``len(boundaries) + 1``
+    buckets), at its place among the schema's sparse keys."""
 
     name: str
     fill: float = 0.0
@@ -282,9 +283,10 @@ class Schema:
 
     @property
     def sparse_keys(self) -> tuple[str, ...]:
-        """Every sparse key in output order: categoricals, crosses, bucketized dense, multi-hot."""
-        return tuple(f.name for f in (*self.of_type(Categorical), *self.of_type(Cross), *self.bucketized,
-                                      *self.of_type(MultiHot)))
+        """Every sparse key, in the order of ``features``: each Categorical, Cross, MultiHot and bucketized Dense
+        (a Dense with boundaries is a sparse key, not a ``dense`` column), so embedding tables can be matched
+        to keys by position."""
+        return tuple(f.name for f in self.features if not isinstance(f, Dense) or f.bucketized)
 
 
 def tabular(schema: Schema, source: TabularFiles, *, name: str = "tabular") -> PipelineSpec:
@@ -313,18 +315,25 @@ def tabular(schema: Schema, source: TabularFiles, *, name: str = "tabular") -> P
         produces = (("dense",) if schema.dense else ()) + (("bucketized",) if schema.bucketized else ())
         stages.append(DenseColumns(("dense_raw",), produces, schema.dense, schema.bucketized))
         sparse_inputs += ["bucketized"] if schema.bucketized else []
+    # Where each sparse key's ids are, in schema order; hashed keys are hashed into rows in that order too.
+    hashed = [f for f in schema.features if isinstance(f, (Categorical, Cross))]
+    sources = tuple(("categorical_ids", hashed.index(f)) if isinstance(f, (Categorical, Cross)) else
+                    ("multi_hot_ids", multi_hot.index(f)) if isinstance(f, MultiHot) else
+                    ("bucketized", schema.bucketized.index(f))
+                    for f in schema.features if not isinstance(f, Dense) or f.bucketized)
     if categorical or crosses:
         rows = {n: i for i, n in enumerate(raw_ids)}
         stages.append(HashColumns(("categorical_raw",), ("categorical_ids",),
                                   tuple((rows[f.name], f.num_buckets, f.seed) for f in categorical),
-                                  tuple((rows[x.a], rows[x.b], x.num_buckets, x.seed) for x in crosses)))
+                                  tuple((rows[x.a], rows[x.b], x.num_buckets, x.seed) for x in crosses),
+                                  tuple(hashed.index(f) for f in (*categorical, *crosses))))
         sparse_inputs.append("categorical_ids")
     if multi_hot:
         stages.append(MultiHotColumns(("lists_raw",), ("multi_hot_ids",), multi_hot))
         sparse_inputs.append("multi_hot_ids")
     outputs = (("label",) if schema.label else ()) + (("dense",) if schema.dense else ())
     if sparse_inputs:
-        stages.append(AssembleSparse(tuple(sparse_inputs), ("sparse",), schema.sparse_keys))
+        stages.append(AssembleSparse(tuple(sparse_inputs), ("sparse",), schema.sparse_keys, sources))
         outputs += ("sparse",)
     if not outputs:
         raise ValueError("schema produces no outputs")

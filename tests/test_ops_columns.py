@@ -232,7 +232,7 @@ def test_gather_raw_reads_columns_as_stored(path):
 def test_group_by_chunk_splits_rows_by_chunk_in_order(path, max_groups):
     first_row = np.array([0, 10, 25, 26, 100, 400], dtype=np.int64)
     rows = rng.integers(0, 500, 3000)
-    chunks, bounds, local, positions = ops.group_by_chunk(rows, first_row, max_groups=max_groups)
+    chunks, bounds, local, positions = ops.group_by_chunk(rows, first_row, 500, max_groups=max_groups)
     chunk_of = np.searchsorted(first_row, rows, side="right") - 1
     assert chunks.tolist() == list(dict.fromkeys(chunk_of.tolist()))  # order of first appearance
     assert sorted(positions.tolist()) == list(range(rows.size))
@@ -240,6 +240,9 @@ def test_group_by_chunk_splits_rows_by_chunk_in_order(path, max_groups):
         part = positions[bounds[g]:bounds[g + 1]]
         assert part.tolist() == np.flatnonzero(chunk_of == c).tolist()  # the rows' order kept
         assert np.array_equal(local[bounds[g]:bounds[g + 1]], rows[part] - first_row[c])
+    for bad in (-1, 500):
+        with pytest.raises(IndexError, match=r"rows must lie in \[0, 500\)"):
+            ops.group_by_chunk(np.array([3, bad, 7]), first_row, 500, max_groups=max_groups)
 
 
 def test_the_numba_module_spells_the_codes_of_the_python_one():

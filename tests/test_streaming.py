@@ -224,6 +224,6 @@ def test_a_converted_table_streams_resumes_and_shards_like_the_text(tmp_path):
         assert torch.equal(x["sparse"]["values"], y["sparse"]["values"]) and torch.equal(x["label"], y["label"])
     check_save_restore(lambda: Loader(converted, batch_size=700, placement="cpu", seed=5, rank=1, world_size=2,
                                       shuffle_buffer=3000))
-    (tmp_path / "conv" / "rows.bin").write_bytes(b"short")
-    with pytest.raises(DataError, match="rows.bin: is missing or not"):
+    (tmp_path / "conv" / "records.bin").write_bytes(b"short")
+    with pytest.raises(DataError, match="records.bin: is missing or not"):
         open_source(converted.source)

@@ -40,7 +40,7 @@ FILES = TabularFiles("data.parquet", "parquet", (
     (lambda: TabularFiles("x", "csv", (Column("a", "int"),)), ValueError, "TabularFiles.format"),
     (lambda: TabularFiles("x", "tsv", (Column("a", "int"),), on_error="warn"), ValueError, "on_error"),
     (lambda: TabularFiles("x", "tsv", ()), TypeError, "TabularFiles.columns"),
-    (lambda: TabularFiles("x", "tsv", (Column("a", "float"),)), TypeError, "TSV files hold only int and hex"),
+    (lambda: TabularFiles("x", "columnar", (Column("a", "float"),)), TypeError, "converted tables hold only int and hex"),
     (lambda: TabularFiles("x", "tsv", (Column("a", "int"), Column("a", "hex"))), ValueError, "names repeat"),
     (lambda: Column("a", "varchar"), ValueError, "Column.kind"),
     (lambda: Column("a", "int", required=1), TypeError, "Column.required"),
@@ -75,7 +75,7 @@ def test_full_schema_declares_stages_and_placements():
     assert spec.stage("parse").backends == frozenset({Backend.CPU})
     assert all(s.backends == frozenset(Backend) for s in spec.stages[1:])
     assert spec.outputs == ("label", "dense", "sparse")
-    assert spec.stage("assemble").keys == ("city", "city_x_shop", "age", "tags")
+    assert spec.stage("assemble").keys == ("age", "city", "city_x_shop", "tags")  # the schema's order
     assert spec.valid_cuts() == [1, 2, 3, 4, 5]
     for cut in spec.valid_cuts():
         backends = spec.backends_at(cut)

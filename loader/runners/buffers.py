@@ -3,11 +3,13 @@
 A fresh 38 MB batch tensor costs a page fault per 4 KB on first touch (measured here: 0.4 ms per image for
 float32 224x224 output, against 0.08 ms when the memory is reused). A buffer goes back into rotation only
 when nothing but this pool refers to it: no Python reference to the tensor and no view of its storage. A
-trainer that keeps its batches therefore keeps distinct tensors, as with any DataLoader.
+trainer that keeps its batches therefore keeps distinct tensors, as with any DataLoader. Threads may take
+buffers from one pool at the same time.
 """
 from __future__ import annotations
 
 import sys
+import threading
 
 import torch
 
@@ -23,19 +25,24 @@ def _free(tensor: torch.Tensor) -> bool:
 
 
 class BufferRing:
+    """Keeps up to ``capacity`` tensors of each shape and dtype asked for."""
+
     def __init__(self, capacity: int):
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
             raise ValueError(f"capacity must be a non-negative integer, got {capacity!r}")
         self.capacity = capacity
-        self._buffers: list[torch.Tensor] = []
+        self._buffers: dict[tuple, list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
         self.reused = 0
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        for k in range(len(self._buffers)):  # no loop variable: it would hold one more reference
-            if self._buffers[k].shape == shape and self._buffers[k].dtype == dtype and _free(self._buffers[k]):
-                self.reused += 1
-                return self._buffers[k]
-        tensor = torch.empty(shape, dtype=dtype)
-        if len(self._buffers) < self.capacity:
-            self._buffers.append(tensor)
-        return tensor
+        with self._lock:
+            kept = self._buffers.setdefault((tuple(shape), dtype), [])
+            for k in range(len(kept)):  # no loop variable: it would hold one more reference
+                if _free(kept[k]):
+                    self.reused += 1
+                    return kept[k]
+            tensor = torch.empty(shape, dtype=dtype)
+            if len(kept) < self.capacity:
+                kept.append(tensor)
+            return tensor

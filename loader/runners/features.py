@@ -1,10 +1,16 @@
-"""Runs a tabular feature pipeline for one placement: stages before the cut on the CPU with NumPy in worker
-threads, one host-to-device copy per batch at the cut, the rest on the GPU with CuPy, torch tensors out.
+"""Runs a tabular feature pipeline for one placement: stages before the cut on the CPU in worker threads, one
+host-to-device copy per batch at the cut, the rest on the GPU with CuPy, torch tensors out.
 
 A batch is a dict of torch tensors on ``device``:
 ``label`` float32 [B]; ``dense`` float32 [B, D]; ``index`` int64 [B] (= ``plan.indices``); ``valid`` bool [B]
 when the plan holds padding; ``sparse`` = ``{"keys", "values" int64, "lengths" int32, "offsets" int64}`` in
 TorchRec's key-major layout, so ``KeyedJaggedTensor(**batch["sparse"])`` takes it as is.
+
+Each batch is made in a few whole-batch native passes that release the GIL (``feedline.ops``: gather the rows
+from the source's cached chunks, normalise, hash, lay out the keys), written straight into one buffer per
+batch: the batch's own tensors on a CPU placement (reused once the trainer lets go of them), or a pinned
+buffer that crosses to the GPU in one copy (only what the GPU stages need: the raw columns when everything
+after parsing runs there). Intermediate arrays are scratch reused by each thread.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from ..errors import PlacementError, Skipped
 from ..sampler import BatchPlan
 from ..sources.tabular import TabularReader
 from . import transfer
+from .buffers import BufferRing
 from .contract import BatchInfo, RunnerConfig, StageTimes
 
 MAX_PREFETCH = 64
@@ -35,6 +42,23 @@ def _may_join() -> bool:
     the module's own lock). Those leave the workers to finish on their own."""
     current = threading.current_thread()
     return not isinstance(current, threading._DummyThread) and not current.name.startswith(_THREAD_PREFIX)
+
+
+class _Layout:
+    """Where each array a batch of ``rows`` rows is written to lies in its one buffer: ``places[name]`` =
+    (offset, shape, dtype), 16-byte aligned; ``nbytes`` in all."""
+
+    def __init__(self, arrays: dict[str, tuple[tuple[int, ...], np.dtype]]):
+        self.places: dict[str, tuple[int, int, tuple[int, ...], np.dtype]] = {}
+        offset = 0
+        for name, (shape, dtype) in arrays.items():
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            self.places[name] = (offset, offset + nbytes, shape, np.dtype(dtype))
+            offset += transfer.aligned(nbytes)
+        self.nbytes = max(offset, transfer.ALIGN)
+
+    def views(self, buffer: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: buffer[a:b].view(d).reshape(s) for name, (a, b, s, d) in self.places.items()}
 
 
 class FeatureRunner:
@@ -58,14 +82,22 @@ class FeatureRunner:
         self.num_threads = config.num_threads
         self.source = source
         self.num_samples = source.num_rows
+        self._parse = spec.stages[0]
         self._cpu_stages = spec.stages[:cut]
         self._gpu_stages = spec.stages[cut:]
         assemble = [s for s in spec.stages if "sparse" in s.produces]
-        self._keys = tuple(assemble[0].keys) if assemble else ()
+        self._assemble = assemble[0] if assemble else None
+        self._keys = tuple(self._assemble.keys) if assemble else ()
         # What crosses to the GPU at the cut: whatever the GPU stages or the outputs need from the CPU stages.
         made_on_cpu = {name for stage in self._cpu_stages for name in stage.produces}
         needed = set(spec.outputs).union(*(stage.consumes for stage in self._gpu_stages))
         self._crossing = tuple(sorted(made_on_cpu & needed))
+        # What goes into a batch's buffer: the crossing arrays, or (all on the CPU) the outputs.
+        self._delivered = self._crossing if self.on_gpu else tuple(spec.outputs)
+        self._layouts: dict[int, tuple[_Layout, dict]] = {}
+        self._scratch = threading.local()
+        depth = max(self.prefetch, self.num_threads)
+        self._ring = BufferRing(2 * depth + 4) if self.device.type == "cpu" else None
 
     @property
     def skipped(self) -> list[Skipped]:
@@ -101,33 +133,113 @@ class FeatureRunner:
                 future.cancel()
             pool.shutdown(wait=_may_join(), cancel_futures=True)
 
-    def _cpu_data(self, plan: BatchPlan, timed: dict[str, float] | None = None) -> dict[str, Any]:
+    # ---- the CPU part ---------------------------------------------------------------------------------
+    def _layout(self, rows: int) -> tuple[_Layout, dict[str, tuple]]:
+        """The buffer layout of a batch of ``rows``, and the fixed shapes of every array the CPU stages make."""
+        if rows not in self._layouts:
+            shapes: dict[str, tuple] = {}
+            for stage in self._cpu_stages:
+                shapes.update(stage.shapes(rows))
+            placed = {}
+            for name in self._delivered:
+                for key in (name, f"{name}.values", f"{name}.lengths", f"{name}.offsets"):
+                    if key in shapes:
+                        placed[key] = shapes[key]
+            placed["index"] = ((rows,), np.dtype(np.int64))
+            placed["valid"] = ((rows,), np.dtype(np.bool_))
+            self._layouts[rows] = (_Layout(placed), shapes)
+        return self._layouts[rows]
+
+    def _arrays(self, rows: int, buffer: np.ndarray | None) -> dict[str, np.ndarray]:
+        """The arrays the CPU stages write a batch into: views of ``buffer`` for what it carries, this thread's
+        scratch for the rest, and, where the sparse values are in the buffer and one input is all of them, that
+        input as a view of them."""
+        layout, shapes = self._layout(rows)
+        placed = layout.views(buffer) if buffer is not None else {}
+        scratch = self._scratch.__dict__
+        arrays = {}
+        for name, (shape, dtype) in shapes.items():
+            if name in placed:
+                arrays[name] = placed[name]
+                continue
+            key = (name, shape, dtype)
+            if key not in scratch:
+                scratch[key] = np.empty(shape, dtype=dtype)
+            arrays[name] = scratch[key]
+        alias = self._assemble.alias if self._assemble is not None else None
+        if alias is not None and alias in arrays and "sparse.values" in placed:
+            arrays[alias] = placed["sparse.values"].reshape(arrays[alias].shape)
+            arrays["sparse.aliased"] = alias  # what AssembleSparse then finds written already
+        arrays["index"], arrays["valid"] = placed.get("index"), placed.get("valid")
+        return arrays
+
+    def _cpu_data(self, plan: BatchPlan, out: dict[str, np.ndarray], timed: dict[str, float] | None = None
+                  ) -> dict[str, Any]:
         started = time.thread_time() if timed is not None else 0.0
-        rows = self.source.read(plan.indices)
-        data: dict[str, Any] = {"columns": rows.columns, "valid": plan.valid & ~rows.bad}
-        if timed is not None:  # reading the rows is the parse stage's work
-            first = self.spec.stages[0].name
-            timed[first] = timed.get(first, 0.0) + time.thread_time() - started
-        for stage in self._cpu_stages:
+        data, bad = self._parse.read(self.source, plan.indices, out)
+        data["valid"] = plan.valid & ~bad
+        if timed is not None:
+            timed[self._parse.name] = timed.get(self._parse.name, 0.0) + time.thread_time() - started
+        for stage in self._cpu_stages[1:]:
             started = time.thread_time() if timed is not None else 0.0
-            data.update(stage.run(data, np))
+            data.update(stage.run(data, np, out))
             if timed is not None:
                 timed[stage.name] = timed.get(stage.name, 0.0) + time.thread_time() - started
         return data
 
-    def _host_part(self, plan: BatchPlan):
-        data = self._cpu_data(plan)
-        moving = {name: data[name] for name in self._crossing} if self.on_gpu else transfer.plain(data, self.spec.outputs)
-        moving["index"] = np.asarray(plan.indices, dtype=np.int64)
-        if not data["valid"].all():  # padding, and bad rows skipped in their places
-            moving["valid"] = np.asarray(data["valid"], dtype=bool)
-        return moving if self.device.type == "cpu" else transfer.pack(moving)
+    def _buffer(self, nbytes: int) -> tuple[Any, np.ndarray]:
+        """A batch's buffer: (torch tensor, NumPy view): from the ring on the CPU, pinned for a GPU."""
+        if self._ring is not None:
+            tensor = self._ring.empty((nbytes,), torch.uint8)
+        else:
+            tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        return tensor, tensor.numpy()
 
+    def _host_part(self, plan: BatchPlan, timed: dict[str, float] | None = None):
+        """The CPU stages of ``plan``'s batch, written into its buffer: on the CPU the batch itself (tensors
+        viewing the buffer), for a GPU (pinned buffer tensor, unpack layout)."""
+        rows = plan.indices.size
+        layout, _ = self._layout(rows)
+        tensor, buffer = self._buffer(layout.nbytes)
+        out = self._arrays(rows, buffer)
+        data = self._cpu_data(plan, out, timed)
+        moving = {name: data[name] for name in self._crossing} if self.on_gpu else \
+            transfer.plain(data, self.spec.outputs)
+        out["index"][...] = plan.indices
+        moving["index"] = out["index"]
+        if not data["valid"].all():  # padding, and bad rows skipped in their places
+            out["valid"][...] = data["valid"]
+            moving["valid"] = out["valid"]
+        if self.device.type == "cpu":  # each tensor keeps the ring's buffer taken while the trainer holds it
+            return transfer.convert(moving, torch.from_numpy)
+        where = transfer.layout_in(buffer, moving)
+        if where is None:  # something of unknown size (list columns, multi-hot keys): packed again, once
+            return self._pack(moving)
+        if "valid" not in moving:  # (its place is last): the copy stops before it
+            tensor = tensor[:layout.places["valid"][0]]
+        return tensor, where
+
+    def _pack(self, moving: dict) -> tuple[torch.Tensor, tuple]:
+        """``moving`` copied into a buffer of its own. The tensor handed on is the one the buffer was allocated
+        as: a copy from pinned memory records its stream on that tensor, which keeps the memory from being
+        handed out again while the copy runs."""
+        allocated = []
+
+        def allocate(nbytes: int) -> np.ndarray:
+            tensor, view = self._buffer(nbytes)
+            allocated.append(tensor)
+            return view
+
+        _, layout = transfer.pack(moving, allocate)
+        return allocated[0], layout
+
+    # ---- the device part ------------------------------------------------------------------------------
     def _device_part(self, plan: BatchPlan, host) -> dict[str, Any]:
         if self.device.type == "cpu":
-            batch = transfer.convert(host, torch.from_numpy)
+            batch = host
         elif not self.on_gpu:
-            batch = transfer.unpack(torch.from_numpy(host[0]).to(self.device), host[1], transfer.torch_view)
+            tensor, layout = host
+            batch = transfer.unpack(tensor.to(self.device, non_blocking=True), layout, transfer.torch_view)
         else:
             batch = self._run_gpu(host)
         if "sparse" in batch:
@@ -137,20 +249,28 @@ class FeatureRunner:
     def _run_gpu(self, host, timed: dict[str, float] | None = None) -> dict[str, Any]:
         import cupy
 
+        tensor, layout = host
         with cupy.cuda.Device(self.device.index or 0), \
                 cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream) as stream:
-            data = transfer.unpack(cupy.asarray(host[0]), host[1], transfer.cupy_view)
-            for stage in self._gpu_stages:
-                if timed is not None:
-                    stream.synchronize()
-                    started = time.perf_counter()
-                data.update(stage.run(data, cupy))
-                if timed is not None:
-                    stream.synchronize()
-                    timed[stage.name] = timed.get(stage.name, 0.0) + time.perf_counter() - started
-            out = transfer.plain(data, self.spec.outputs)
-            out.update({name: data[name] for name in ("index", "valid") if name in data})
+            on_device = tensor.to(self.device, non_blocking=True)
+            data = transfer.unpack(cupy.asarray(on_device), layout, transfer.cupy_view)
+            out = self.run_stages(data, cupy, stream, timed)
             return transfer.convert(out, torch.from_dlpack)
+
+    def run_stages(self, data: dict[str, Any], xp, stream=None, timed: dict[str, float] | None = None) -> dict:
+        """The GPU stages over ``data`` (the arrays that crossed, as ``xp`` arrays): the outputs, ``index`` and
+        ``valid``. ``stream``: synchronised around each stage when timing it."""
+        for stage in self._gpu_stages:
+            if timed is not None:
+                stream.synchronize()
+                started = time.perf_counter()
+            data.update(stage.run(data, xp))
+            if timed is not None:
+                stream.synchronize()
+                timed[stage.name] = timed.get(stage.name, 0.0) + time.perf_counter() - started
+        out = transfer.plain(data, self.spec.outputs)
+        out.update({name: data[name] for name in ("index", "valid") if name in data})
+        return out
 
     def profile(self, plans: list[BatchPlan]) -> StageTimes:
         """Each CPU stage's thread time and each GPU stage's synchronised time, on this thread, batch by batch."""
@@ -158,12 +278,13 @@ class FeatureRunner:
         out_bytes: dict[str, float] = {}
         samples = 0
         for plan in plans:
-            data = self._cpu_data(plan, seconds)
+            rows = plan.indices.size
+            data = self._cpu_data(plan, self._arrays(rows, None), seconds)
             for stage in self._cpu_stages:
                 out_bytes[stage.name] = out_bytes.get(stage.name, 0.0) + _nbytes({k: data[k] for k in stage.produces})
             if self.on_gpu:
-                self._run_gpu(transfer.pack({name: data[name] for name in self._crossing}), seconds)
-            samples += plan.indices.size
+                self._run_gpu(self._pack({name: data[name] for name in self._crossing}), seconds)
+            samples += rows
         per_sample = {k: v / samples for k, v in out_bytes.items()}
         first = self.spec.stages[0].name
         source_bytes = float(getattr(self.source, "bytes_per_row", 0.0) or per_sample.get(first, 0.0))

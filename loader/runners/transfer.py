@@ -1,5 +1,6 @@
-"""Moving a batch: every array of a nested structure (dicts, tuples, named tuples, Jagged) packed into one
-contiguous host buffer, copied once, and viewed again on the other side."""
+"""Moving a batch: every array of a nested structure (dicts, tuples, named tuples, Jagged) in one contiguous host
+buffer, copied once, and viewed again on the other side. Arrays that were written into the buffer in the first
+place (``layout_in``) are not copied again; others are packed into one (``pack``)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -36,18 +37,41 @@ def _rebuild(shape, arrays: list) -> Any:
     return kind(*items) if kind is not tuple else tuple(items)
 
 
-def pack(data: dict) -> tuple[np.ndarray, tuple]:
-    """One uint8 buffer holding every array of ``data``, and the layout ``unpack`` needs to view them again."""
+def aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def pack(data: dict, allocate: Callable[[int], np.ndarray] | None = None) -> tuple[np.ndarray, tuple]:
+    """One uint8 buffer (``allocate(nbytes)``, default ``np.empty``) holding every array of ``data``, and the
+    layout ``unpack`` needs to view them again."""
     arrays: list[np.ndarray] = []
     shape = _leaves(data, arrays)
     offsets, total = [], 0
     for a in arrays:
         offsets.append(total)
-        total += -(-a.nbytes // ALIGN) * ALIGN
-    buffer = np.empty(max(total, ALIGN), dtype=np.uint8)
+        total += aligned(a.nbytes)
+    total = max(total, ALIGN)
+    buffer = np.empty(total, dtype=np.uint8) if allocate is None else allocate(total)
     for a, offset in zip(arrays, offsets):
         buffer[offset:offset + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     return buffer, (shape, [(o, a.dtype, a.shape) for o, a in zip(offsets, arrays)])
+
+
+def layout_in(buffer: np.ndarray, data: dict) -> tuple | None:
+    """The layout of ``data`` if every array in it is a C-contiguous NumPy array lying inside ``buffer`` (as
+    views handed out by the runner), else None."""
+    arrays: list = []
+    shape = _leaves(data, arrays)
+    start = buffer.__array_interface__["data"][0]
+    leaves = []
+    for a in arrays:
+        if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
+            return None
+        offset = a.__array_interface__["data"][0] - start if a.size else 0
+        if offset < 0 or offset + a.nbytes > buffer.nbytes:
+            return None
+        leaves.append((offset, a.dtype, a.shape))
+    return shape, leaves
 
 
 def unpack(buffer, layout: tuple, view: Callable) -> Any:

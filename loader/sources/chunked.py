@@ -6,6 +6,10 @@ its metadata), so ``len()`` is exact and the first batch comes at once. Rows are
 read: a bad row raises ``RowError`` naming ``file:line``, or with ``OnError.SKIP`` is listed in ``skipped``
 (once) and delivered as an invalid slot (``Rows.bad``), so no good row moves and every rank's batches keep
 their size.
+
+A cached chunk keeps its scalar columns as one ``ops.ColumnBlock`` (a parsed block as it came, or a converted
+table's chunk as it was read from disk), so ``gather`` writes a batch's rows straight from the cache into the
+batch's arrays: one native pass per chunk the batch touches, no per-column arrays in between.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from ... import ops
 from ...pipelines.on_error import OnError
 from ...pipelines.tabular import Column, ColumnKind, TabularFiles
 from ..errors import Skipped
@@ -59,14 +64,14 @@ class RowsChunk(NamedTuple):
 
 
 class _Packed(NamedTuple):
-    """A chunk's scalar columns packed row-major by dtype, so gathering rows is one copy per dtype."""
+    """A cached chunk: its scalar columns as one block (integer columns, then float columns, each in declared
+    order), its list columns, and its bad rows."""
 
-    ints: np.ndarray     # [rows, integer columns] int64
-    floats: np.ndarray   # [rows, float columns] float64
-    missing: np.ndarray  # [rows, scalar columns] bool, integer columns first
+    block: ops.ColumnBlock
     lists: dict          # name -> ListColumn
     bad: np.ndarray
     reasons: dict
+    any_bad: bool
 
 
 class Rows(NamedTuple):
@@ -74,10 +79,21 @@ class Rows(NamedTuple):
     bad: np.ndarray  # bool per requested row: a bad row skipped in its place
 
 
+class Gathered(NamedTuple):
+    """What ``gather`` gives besides the arrays it wrote: which rows are bad, and the list columns asked for."""
+
+    bad: np.ndarray
+    lists: dict
+
+
 class ChunkFormat(Protocol):
     def index(self, path: str) -> ChunkIndex: ...
 
     def load(self, path: str, index: ChunkIndex, chunk: int) -> RowsChunk: ...
+
+    # A format whose chunks hold only good scalar rows may give them as a block instead, read without parsing
+    # (its columns: the integer ones, then the float ones, in declared order):
+    # def load_block(self, path: str, index: ChunkIndex, chunk: int) -> ops.ColumnBlock: ...
 
 
 def expand(paths: tuple[str, ...]) -> list[str]:
@@ -135,9 +151,11 @@ class ChunkedTable:
         self.cache_rows = cache_rows + CHUNKS_BEYOND * int(self.chunk_rows.max(initial=0))
         if self.num_rows == 0:
             raise RowError(", ".join(self.paths), None, f"no rows ({len(self.skipped)} file(s) skipped)")
-        self._ints = [c.name for c in self.columns if c.kind in (ColumnKind.INT, ColumnKind.HEX)]
         self._floats = [c.name for c in self.columns if c.kind is ColumnKind.FLOAT]
         self._lists = [c.name for c in self.columns if c.kind is ColumnKind.INT_LIST]
+        self._ints = [c.name for c in self.columns if c.name not in self._floats and c.name not in self._lists]
+        self._block_column = {name: j for j, name in enumerate(self._ints + self._floats)}
+        self._picks: dict[tuple, np.ndarray] = {}
         self._cache: OrderedDict[int, _Packed] = OrderedDict()
         self._cached_rows = 0
         self._loading: dict[int, _Loading] = {}
@@ -182,7 +200,11 @@ class ChunkedTable:
             return loading.chunk
         try:
             f = int(self.file_of[c])
-            loading.chunk = self._pack(self.reader.load(self.paths[f], self.indexes[f], int(self.chunk_local[c])))
+            if hasattr(self.reader, "load_block"):
+                block = self.reader.load_block(self.paths[f], self.indexes[f], int(self.chunk_local[c]))
+                loading.chunk = _Packed(block, {}, np.zeros(block.rows, dtype=bool), {}, False)
+            else:
+                loading.chunk = self._pack(self.reader.load(self.paths[f], self.indexes[f], int(self.chunk_local[c])))
         except BaseException as exc:
             loading.error = exc
             raise
@@ -200,56 +222,103 @@ class ChunkedTable:
 
     def _pack(self, chunk: RowsChunk) -> _Packed:
         n = chunk.bad.size
-        if chunk.ints is not None:
-            return _Packed(chunk.ints, np.zeros((n, 0), np.float64), chunk.missing, {}, chunk.bad, chunk.reasons)
         cols = chunk.columns
-        ints = np.stack([cols[k].values for k in self._ints], axis=1) if self._ints else np.zeros((n, 0), np.int64)
-        floats = np.stack([cols[k].values for k in self._floats], axis=1) if self._floats else \
-            np.zeros((n, 0), np.float64)
-        missing = np.stack([cols[k].missing for k in self._ints + self._floats], axis=1)
-        return _Packed(ints.astype(np.int64, copy=False), floats.astype(np.float64, copy=False), missing,
-                       {k: cols[k] for k in self._lists}, chunk.bad, chunk.reasons)
+        if chunk.ints is not None:
+            ints, missing = chunk.ints, chunk.missing
+            floats = getattr(chunk, "floats", None)  # a float block beside the integer one, where a format has it
+        else:
+            ints = np.stack([cols[k].values for k in self._ints], axis=1) if self._ints else None
+            floats = np.stack([cols[k].values for k in self._floats], axis=1) if self._floats else None
+            missing = np.stack([cols[k].missing for k in self._ints + self._floats], axis=1)
+        ints = np.zeros((n, 0), np.int64) if ints is None else np.ascontiguousarray(ints, dtype=np.int64)
+        floats = np.zeros((n, 0), np.float64) if floats is None else np.ascontiguousarray(floats, dtype=np.float64)
+        block = ops.ColumnBlock.row_major(ints, np.ascontiguousarray(missing, dtype=bool), floats)
+        return _Packed(block, {k: cols[k] for k in self._lists}, chunk.bad, chunk.reasons, bool(chunk.bad.any()))
+
+    def _groups(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``rows`` by chunk (``ops.group_by_chunk``), with the chunks nobody holds yet parsed first; threads
+        start at different chunks so that those reading one buffer-full share the parsing."""
+        chunks, bounds, local, positions = ops.group_by_chunk(rows, self.first_row, self.num_rows)
+        needed = chunks.tolist()
+        start = threading.get_ident() % max(len(needed), 1)
+        self._load_missing(needed[start:] + needed[:start])
+        return chunks, bounds, local, positions
 
     def read(self, rows: np.ndarray) -> Rows:
         """The given rows (global numbers over all files, any order) and which of them are bad."""
         rows = check_rows(rows, self.num_rows)
         n = rows.size
-        chunk_of = np.searchsorted(self.first_row, rows, side="right") - 1
-        order = np.argsort(chunk_of, kind="stable")
-        cuts = np.flatnonzero(np.diff(chunk_of[order])) + 1
         ints = np.empty((n, len(self._ints)), dtype=np.int64)
         floats = np.empty((n, len(self._floats)), dtype=np.float64)
         missing = np.empty((n, len(self._ints) + len(self._floats)), dtype=bool)
-        bad = np.empty(n, dtype=bool)
+        bad = np.zeros(n, dtype=bool)
+        int_columns = np.arange(len(self._ints), dtype=np.int64)
+        float_columns = np.arange(len(self._ints), len(self._ints) + len(self._floats), dtype=np.int64)
         lists = {k: [] for k in self._lists}
-        chunks = {}
-        pieces = [piece for piece in np.split(order, cuts) if piece.size]
-        needed = [int(chunk_of[piece[0]]) for piece in pieces]
-        start = threading.get_ident() % max(len(needed), 1)  # threads start at different chunks
-        self._load_missing(needed[start:] + needed[:start])
-        for piece in pieces:  # the requested rows that one chunk holds
-            c = int(chunk_of[piece[0]])
-            chunks[c] = chunk = self._chunk(c)
-            local = rows[piece] - self.first_row[c]
-            ints[piece] = chunk.ints[local]
-            floats[piece] = chunk.floats[local]
-            missing[piece] = chunk.missing[local]
-            bad[piece] = chunk.bad[local]
+        bads: list[tuple[int, _Packed, int]] = []
+        chunks, bounds, local, positions = self._groups(rows)
+        for g, c in enumerate(chunks.tolist()):  # the requested rows that one chunk holds
+            chunk = self._chunk(c)
+            here, at = local[bounds[g]:bounds[g + 1]], positions[bounds[g]:bounds[g + 1]]
+            ints[at], floats[at], missing[at] = ops.gather_raw(chunk.block, int_columns, float_columns, here)
+            if chunk.any_bad:
+                bad[at] = chunk.bad[here]
+                bads += [(k, chunk, c) for k in at[chunk.bad[here]].tolist()]
             for k in self._lists:
-                lists[k].append((piece, take(chunk.lists[k], local)))
+                lists[k].append(take(chunk.lists[k], here))
         columns = {}
         for j, k in enumerate(self._ints):
             columns[k] = ScalarColumn(ints[:, j], missing[:, j])
         for j, k in enumerate(self._floats):
             columns[k] = ScalarColumn(floats[:, j], missing[:, len(self._ints) + j])
         if self._lists:
-            inverse = np.empty_like(order)
-            inverse[order] = np.arange(n)
+            inverse = np.empty_like(positions)
+            inverse[positions] = np.arange(n)
             for k in self._lists:
-                columns[k] = take(concat([part for _, part in lists[k]]), inverse)
-        for k in np.flatnonzero(bad).tolist():  # in the order the rows were asked for
-            self._note_bad(int(rows[k]), chunks[int(chunk_of[k])], int(chunk_of[k]))
+                columns[k] = take(concat(lists[k]), inverse)
+        self._note_bads(rows, bads)
         return Rows({c.name: columns[c.name] for c in self.columns}, bad)
+
+    def gather(self, rows: np.ndarray, *, label: str | None, dense: tuple[str, ...], categorical: tuple[str, ...],
+               lists: tuple[str, ...] = (), missing_id: int, label_out: np.ndarray | None = None,
+               dense_out: np.ndarray | None = None, ids_out: np.ndarray | None = None) -> Gathered:
+        """The given rows written into a batch's arrays, position ``i`` of each for ``rows[i]``: ``label`` into
+        ``label_out`` (float32 [n]), the ``dense`` columns into the rows of ``dense_out`` (float32 [D, n], NaN
+        where missing), the ``categorical`` ones into ``ids_out`` (int64 [K, n], ``missing_id`` where missing);
+        the ``lists`` columns are returned, with which rows are bad."""
+        if not (isinstance(rows, np.ndarray) and rows.dtype == np.int64 and rows.ndim == 1):
+            rows = check_rows(rows, self.num_rows)  # (the range is checked with the grouping)
+        rows = np.ascontiguousarray(rows)
+        picks = self._picks.get((label, dense, categorical))
+        if picks is None:
+            where = self._block_column
+            picks = self._picks[(label, dense, categorical)] = ops.gather_picks(
+                None if label is None else where[label], [where[k] for k in dense], [where[k] for k in categorical])
+        bad = np.zeros(rows.size, dtype=bool)
+        bads: list[tuple[int, _Packed, int]] = []
+        parts: dict[str, list] = {k: [] for k in lists}
+        chunks, bounds, local, positions = self._groups(rows)
+        for g, c in enumerate(chunks.tolist()):
+            chunk = self._chunk(c)
+            here, at = local[bounds[g]:bounds[g + 1]], positions[bounds[g]:bounds[g + 1]]
+            ops.gather_columns(chunk.block, picks, here, at, missing_id=missing_id, label=label_out,
+                               dense=dense_out, ids=ids_out)
+            if chunk.any_bad:
+                bad[at] = chunk.bad[here]
+                bads += [(k, chunk, c) for k in at[chunk.bad[here]].tolist()]
+            for k in lists:
+                parts[k].append(take(chunk.lists[k], here))
+        out: dict = {}
+        if lists:
+            inverse = np.empty_like(positions)
+            inverse[positions] = np.arange(rows.size)
+            out = {k: take(concat(parts[k]), inverse) for k in lists}
+        self._note_bads(rows, bads)
+        return Gathered(bad, out)
+
+    def _note_bads(self, rows: np.ndarray, bads: list[tuple[int, _Packed, int]]) -> None:
+        for k, chunk, c in sorted(bads, key=lambda bad: bad[0]):  # in the order the rows were asked for
+            self._note_bad(int(rows[k]), chunk, c)
 
     def _note_bad(self, row: int, chunk: _Packed, c: int) -> None:
         """Raise for a bad row, or list it (once)."""
