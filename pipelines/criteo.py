@@ -56,10 +56,9 @@ def _columns() -> tuple[Column, ...]:
 
 def _format(paths, format: str) -> FileFormat:
     if format != "auto":
-        try:
-            return FileFormat(format)
-        except ValueError:
-            raise ValueError(f"format must be 'auto', 'tsv', 'parquet' or 'columnar', got {format!r}") from None
+        if getattr(format, "value", format) not in ("tsv", "parquet", "columnar"):  # (CSV: use tabular())
+            raise ValueError(f"format must be 'auto', 'tsv', 'parquet' or 'columnar', got {format!r}")
+        return FileFormat(format)
     names = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths) if isinstance(paths, Sequence) else []
     if not names:
         raise TypeError(f"paths must be a path or a non-empty sequence of paths, got {paths!r}")

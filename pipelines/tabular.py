@@ -22,6 +22,20 @@ the GPU once.
 A missing categorical value is hashed as the int64 value ``MISSING_ID`` (-1): it gets a bucket of its own
 like any other value (it may share that bucket with real values, as any hashed value may), and CPU, GPU and
 serving agree on it.
+
+Files (:class:`TabularFiles`): TSV and CSV text (plain or gzip, with or without a header row), Parquet, and
+folders written by ``feedline convert``. In text, an empty field is a missing value; ``INT`` is
+``-?[0-9]+`` within int64, ``HEX`` is ``[0-9a-fA-F]+`` up to ``7fffffffffffffff``, ``FLOAT`` is what Python's
+``float()`` reads (correctly rounded; NaN is missing, +-inf a bad row), ``STRING`` is any text (its UTF-8
+bytes are hashed), ``INT_LIST`` is decimal integers separated by ``list_delimiter`` (an empty field is an empty
+list). CSV follows RFC 4180 within a line (``"a,b"``, ``""`` for a quote inside; a line may end in ``\r\n``);
+TSV has no quoting and a ``\r`` is a bad row. A bad row (wrong field count, a control character, a malformed
+value or quote, a required value empty) raises or is skipped by ``on_error``.
+
+A ``STRING`` categorical gets the bucket ``ops.hash_buckets`` gives its UTF-8 strings with the Categorical's
+seed: the source keeps each string as the int64 key (low 32 bits zero) whose MurmurHash3 with that seed is
+the string's, so the hash stage treats it as any id. A Cross over a string column hashes those keys (seed 0
+for a string column no Categorical names).
 """
 from __future__ import annotations
 
@@ -43,7 +57,8 @@ MAX_SEED = (1 << 32) - 1
 
 
 class FileFormat(enum.Enum):
-    TSV = "tsv"
+    TSV = "tsv"    # delimited text without quoting (tab by default)
+    CSV = "csv"    # delimited text with RFC 4180 quotes (comma by default)
     PARQUET = "parquet"
     COLUMNAR = "columnar"  # a folder written by ``feedline convert``
 
@@ -60,9 +75,10 @@ class ColumnKind(enum.Enum):
     INT_LIST = "int_list"
 
 
-TSV_KINDS = frozenset({ColumnKind.INT, ColumnKind.HEX})
+TEXT_FORMATS = frozenset({FileFormat.TSV, FileFormat.CSV})
+COLUMNAR_KINDS = frozenset({ColumnKind.INT, ColumnKind.HEX})
 DENSE_KINDS = frozenset({ColumnKind.INT, ColumnKind.FLOAT})
-CATEGORICAL_KINDS = frozenset({ColumnKind.INT, ColumnKind.HEX})
+CATEGORICAL_KINDS = frozenset({ColumnKind.INT, ColumnKind.HEX, ColumnKind.STRING})
 LABEL_KINDS = frozenset({ColumnKind.INT, ColumnKind.FLOAT})
 
 
@@ -107,14 +123,36 @@ class Column:
         _integer("Column", "hash_seed", self.hash_seed, 0, MAX_SEED)
 
 
+def _delimiter(field_name: str, value: object, default: str) -> str:
+    """A delimiter: one ASCII character that cannot be part of a value (a tab, a space or punctuation, but not
+    a quote or a character of a number)."""
+    if value is None:
+        return default
+    if not isinstance(value, str) or len(value) != 1:
+        raise TypeError(f"TabularFiles.{field_name} must be one character, got {value!r}")
+    if not (value == "\t" or (" " <= value <= "~" and not value.isalnum() and value not in '"-+.')):
+        raise ValueError(f"TabularFiles.{field_name} must be a tab, a space or ASCII punctuation other than "
+                         f"'\"', '-', '+' and '.', got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class TabularFiles:
-    """The files a tabular pipeline reads, in order: row ``i`` of the data set counts over all files."""
+    """The files a tabular pipeline reads, in order: row ``i`` of the data set counts over all files.
+
+    For text files (TSV, CSV): ``header``: the first line of each file names its fields, and ``columns`` are
+    taken by name (in any order, others ignored; every file must have the same header); without it ``columns``
+    are the fields of each line, in order. ``delimiter``: between fields (None: tab for TSV, comma for CSV).
+    ``list_delimiter``: between the elements of an ``INT_LIST`` field (None: ``|``). Other formats take none
+    of these."""
 
     paths: tuple[str, ...]
     format: FileFormat
     columns: tuple[Column, ...]
     on_error: OnError = OnError.RAISE
+    header: bool = False
+    delimiter: str | None = None
+    list_delimiter: str | None = None
 
     def __post_init__(self) -> None:
         paths = (self.paths,) if isinstance(self.paths, (str, os.PathLike)) else self.paths
@@ -135,11 +173,29 @@ class TabularFiles:
         names = [c.name for c in self.columns]
         if len(set(names)) != len(names):
             raise ValueError(f"TabularFiles.columns: names repeat: {names}")
-        if self.format in (FileFormat.TSV, FileFormat.COLUMNAR):
-            bad = [c.name for c in self.columns if c.kind not in TSV_KINDS]
+        if self.format is FileFormat.COLUMNAR:
+            bad = [c.name for c in self.columns if c.kind not in COLUMNAR_KINDS]
             if bad:
-                what = "TSV files" if self.format is FileFormat.TSV else "converted tables"
-                raise TypeError(f"TabularFiles.columns {bad}: {what} hold only int and hex columns")
+                raise TypeError(f"TabularFiles.columns {bad}: converted tables hold only int and hex columns")
+        self._check_text_options()
+
+    def _check_text_options(self) -> None:
+        if not isinstance(self.header, bool):
+            raise TypeError(f"TabularFiles.header must be True or False, got {self.header!r}")
+        if self.format not in TEXT_FORMATS:
+            given = [f for f, v in (("header", self.header), ("delimiter", self.delimiter),
+                                    ("list_delimiter", self.list_delimiter)) if v not in (False, None)]
+            if given:
+                raise ValueError(f"TabularFiles.{given[0]} applies to TSV and CSV files only, not to "
+                                 f"{self.format.value}")
+            return
+        delimiter = _delimiter("delimiter", self.delimiter, "\t" if self.format is FileFormat.TSV else ",")
+        listed = _delimiter("list_delimiter", self.list_delimiter, "|")
+        if delimiter == listed:
+            raise ValueError(f"TabularFiles.list_delimiter must differ from TabularFiles.delimiter, both are "
+                             f"{delimiter!r}")
+        object.__setattr__(self, "delimiter", delimiter)
+        object.__setattr__(self, "list_delimiter", listed)
 
     @property
     def produces(self) -> tuple[str, ...]:
@@ -296,8 +352,11 @@ def tabular(schema: Schema, source: TabularFiles, *, name: str = "tabular") -> P
     if not isinstance(source, TabularFiles):
         raise TypeError(f"source must be TabularFiles, got {type(source).__name__}")
     _check_columns(schema, source)
-    if schema.label is not None:
-        columns = tuple(replace(c, required=True) if c.name == schema.label else c for c in source.columns)
+    seeds = {f.name: f.seed for f in schema.of_type(Categorical)}
+    columns = tuple(replace(c, required=c.required or c.name == schema.label,
+                            hash_seed=seeds.get(c.name, 0) if c.kind is ColumnKind.STRING else c.hash_seed)
+                    for c in source.columns)
+    if columns != source.columns:
         source = replace(source, columns=columns)
 
     dense = schema.dense + schema.bucketized

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sklearn.utils import murmurhash3_32
 
-from feedline.loader.sources.text_parse import CSV, TSV, Layout, TextSyntax, parse_text
+from feedline.loader.sources.text_parse import CSV, TSV, Layout, TextSyntax, hex_strings, parse_text
 from feedline.loader.sources.tsv_parse import PAD, parse_lines
 from feedline.ops import Strings, hash_buckets, murmur3_32
 from feedline.pipelines.tabular import Column, ColumnKind
@@ -400,3 +400,17 @@ def test_the_vectorised_parsers_hex_slip_is_fixed():
     cols = (Column("h", K.HEX),)
     got = parse_text(b"ffffffffzzzzzzzz\n", 1, Layout(cols))
     assert got.reasons == {0: "column h (field 1): 'ffffffffzzzzzzzz' is not a hexadecimal integer"}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(hex_text, st.binary(max_size=20)), min_size=1, max_size=30))
+def test_hex_strings_of_parquet_like_python(texts):
+    """Parquet's hex string columns (``hex_strings``): ids as ``int(text, 16)`` within int64."""
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum([len(t) for t in texts], out=offsets[1:])
+    values = np.empty(len(texts), dtype=np.int64)
+    status = np.empty(len(texts), dtype=np.int8)
+    hex_strings(offsets, np.frombuffer(b"".join(texts), dtype=np.uint8).copy(), values, status)
+    for t, v, code in zip(texts, values.tolist(), status.tolist()):
+        want = _integer(t, _HEX, 16, 0) if t else 0
+        assert (code, v) == ((0, want) if isinstance(want, int) else (1 if want == "not" else 2, 0)), t

@@ -21,9 +21,9 @@ def open_source(declared, *, cache_rows: int = 1 << 18) -> ImageFiles | ChunkedT
         from .webdataset import open_webdataset
         return open_webdataset(declared)
     if isinstance(declared, TabularFiles):
-        if declared.format is FileFormat.TSV:
-            from .tsv import TsvFormat
-            return ChunkedTable(declared, TsvFormat(declared.columns), cache_rows=cache_rows)
+        if declared.format in (FileFormat.TSV, FileFormat.CSV):
+            from .text import TextFormat
+            return ChunkedTable(declared, TextFormat(declared), cache_rows=cache_rows)
         if declared.format is FileFormat.COLUMNAR:
             from .columnar import ColumnarFormat
             return ChunkedTable(declared, ColumnarFormat(declared.columns), cache_rows=cache_rows)

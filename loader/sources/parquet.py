@@ -5,8 +5,9 @@ Each row group is one group of ``CHUNK_ROWS``-row chunks, read front to back wit
 index is the files' metadata. The declared columns must be present (checked when the files are opened).
 
 Column types accepted: ``INT``: integers, or floats holding whole numbers (pandas writes an int column with
-missing values as float64 with NaN); ``FLOAT``: any number; ``HEX``: hex strings or integers; ``INT_LIST``:
-lists of integers. Null, NaN and the empty string are missing values; +-inf is a bad row.
+missing values as float64 with NaN); ``FLOAT``: any number; ``HEX``: hex strings or integers; ``STRING``:
+strings or binary, kept as the key that hashes as the UTF-8 bytes do (see ``text_parse``); ``INT_LIST``: lists
+of integers. Null, NaN and the empty string are missing values; +-inf is a bad row.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 from ...pipelines.tabular import Column, ColumnKind
 from .chunked import ChunkIndex, RowsChunk
 from .tabular import ListColumn, RowError, ScalarColumn
-from .tsv_parse import NOT_NUMBER, OK, PAD, parse_hex
+from .text_parse import OK, OUT_OF_RANGE, hex_strings, string_keys
 
 _INT64_MAX = float(2**63)
 CHUNK_ROWS = 1 << 14
@@ -147,6 +148,17 @@ def _convert(path: str, column: Column, array):
         return ListColumn(offsets - offsets[0], values), per_row, \
             lambda row: "a list element is null or out of int64 range"
 
+    if kind is ColumnKind.STRING:
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+                or pa.types.is_large_binary(t)):
+            raise wrong_type("strings")
+        offsets, data = _arrow_strings(array)
+        keys = np.empty(len(array), dtype=np.int64)
+        string_keys(offsets, data, column.hash_seed, keys)
+        missing = null | (np.diff(offsets) == 0)
+        keys[missing] = 0
+        return ScalarColumn(keys, missing), column.required & missing, \
+            lambda row: "is empty, and a value is required"
     if kind is ColumnKind.HEX and (pa.types.is_string(t) or pa.types.is_large_string(t)):
         values, code, missing = _hex_strings(array, null)
         return ScalarColumn(values, missing), (code != OK) | (column.required & missing), \
@@ -189,29 +201,29 @@ def _integers(array, null: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return raw.astype(np.int64), np.zeros(raw.size, bool), missing
 
 
-def _hex_strings(array, null: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Values, status codes and missing mask of a string array of hex numbers, parsed vectorised."""
+def _arrow_strings(array) -> tuple[np.ndarray, np.ndarray]:
+    """An Arrow string or binary array's offsets (int64, one per string and one more) and bytes."""
     _, offsets_buffer, data_buffer = array.buffers()
-    offset_type = np.int64 if str(array.type) == "large_string" else np.int32
-    offsets = np.frombuffer(offsets_buffer, dtype=offset_type)[array.offset:array.offset + len(array) + 1]
+    wide = str(array.type) in ("large_string", "large_binary")
+    offsets = np.frombuffer(offsets_buffer, dtype=np.int64 if wide else np.int32)
+    offsets = offsets[array.offset:array.offset + len(array) + 1].astype(np.int64)
     data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
-    buf = np.zeros(PAD + data.size + 8, dtype=np.uint8)  # room before the first and after the last field
-    buf[PAD:PAD + data.size] = data
-    start = offsets[:-1].astype(np.int64) + PAD
-    end = offsets[1:].astype(np.int64) + PAD
-    end = np.where(null, start, end)
-    values, code = parse_hex(buf, start, end, check=True)
-    missing = end == start
+    return offsets, data
+
+
+def _hex_strings(array, null: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Values, status codes and missing mask of a string array of hex numbers, parsed natively."""
+    offsets, data = _arrow_strings(array)
+    missing = null | (np.diff(offsets) == 0)
+    values = np.empty(len(array), dtype=np.int64)
+    code = np.empty(len(array), dtype=np.int8)
+    hex_strings(offsets, data, values, code)
     values[missing] = 0
     code[missing] = OK
-    # A byte below 0x20 cannot be part of a hex digit string; parse_hex assumes none are there.
-    low = np.flatnonzero(data < 0x20)
-    if low.size:
-        code[np.searchsorted(offsets[1:].astype(np.int64), low, side="right")] = NOT_NUMBER
     return values, code, missing
 
 
 def _describe(code: int, value, what: str) -> str:
     if code == OK:
         return "is empty, and a value is required"
-    return f"{value!r} is not {what}" if code == NOT_NUMBER else f"{value!r} is out of int64 range"
+    return f"{value!r} is out of int64 range" if code == OUT_OF_RANGE else f"{value!r} is not {what}"

@@ -187,6 +187,29 @@ def string_keys(offsets, data, seed, out):
         out[i] = _string_key(_murmur3(data, offsets[i], offsets[i + 1] - offsets[i], seed), seed)
 
 
+@njit(nogil=True, cache=True)
+def hex_strings(offsets, data, values, status):
+    """Strings ``data[offsets[i]:offsets[i + 1]]`` as hexadecimal ids, like ``HEX`` fields: ``values[i]`` and
+    ``status[i]`` (OK, NOT_NUMBER or OUT_OF_RANGE; an empty string is OK with 0, for the caller to call
+    missing)."""
+    for i in range(values.size):
+        q, end = offsets[i], offsets[i + 1]
+        while q < end and data[q] == 0x30:  # leading zeros
+            q += 1
+        v = np.int64(0)
+        code = OK
+        if end - q > 16 or (end - q == 16 and _HEX_DIGITS[data[q]] >= 8 and _HEX_DIGITS[data[q]] < 16):
+            code = OUT_OF_RANGE
+        for k in range(q, end):
+            d = np.int64(_HEX_DIGITS[data[k]])
+            if d >= 16:
+                code = NOT_NUMBER
+                break
+            v = v * 16 + d
+        values[i] = 0 if code != OK else v
+        status[i] = code
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _field_end(b, q, classes):
     while classes[b[q]] == ORD:
