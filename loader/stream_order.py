@@ -21,6 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ..ops.sequence_rows import sequence_rows
 from .sampler import BatchPlan, LastBatch, parse_last_batch
 
 DEFAULT_BUFFER_ROWS = 1 << 16
@@ -121,13 +122,10 @@ class StreamOrder:
             w_start = window * buffer
             size = min(buffer, self.per_rank - w_start)
             take = min(stop, w_start + size) - p
-            q = w_start + self._window(epoch, window, size)[p - w_start:p - w_start + take]
-            v = base + q  # position in the epoch's row sequence
-            padding = v >= self.num_samples
-            v = np.where(padding, v % self.num_samples, v)  # padding repeats rows, marked invalid
-            k = np.searchsorted(seq_start, v, side="right") - 1
-            out[p - start:p - start + take] = self.first_row[order[k]] + (v - seq_start[k])
-            valid[p - start:p - start + take] = ~padding
+            # Position base + w_start + perm[...] in the epoch's row sequence; padding repeats rows, marked invalid.
+            sequence_rows(self._window(epoch, window, size)[p - w_start:p - w_start + take], base + w_start,
+                          self.num_samples, seq_start, self.first_row[order], out[p - start:p - start + take],
+                          valid[p - start:p - start + take])
             p += take
         return out, valid
 

@@ -11,10 +11,11 @@ from .cross import cross
 from .gather_columns import ColumnBlock, gather_columns, gather_picks, gather_raw, group_by_chunk
 from .hash_columns import HashPlan, hash_columns, hash_plan
 from .hashing import hash_buckets, murmur3_32
-from .jagged import Jagged, keyed_jagged
+from .jagged import Jagged, keyed_jagged, one_per_row
 from .multi_hot import multi_hot
 from .normalize import normalize_dense
 from .normalize_columns import DensePlan, dense_plan, normalize_columns
+from .sequence_rows import sequence_rows
 from .strings import Strings
 
 __all__ = [
@@ -38,4 +39,6 @@ __all__ = [
     "murmur3_32",
     "normalize_columns",
     "normalize_dense",
+    "one_per_row",
+    "sequence_rows",
 ]

@@ -127,16 +127,18 @@ def gather_raw(data, flags, layout, int_columns, float_columns, local, ints, flo
 
 
 @helper
-def chunk_of(first_row, row):
-    """The last chunk whose first row is <= ``row`` (binary search)."""
-    low, high = 0, first_row.shape[0]
-    while high - low > 1:
-        middle = (low + high) >> 1
-        if first_row[middle] <= row:
-            low = middle
-        else:
-            high = middle
-    return low
+def chunk_of(first_row, top, row):
+    """The last chunk whose first row is <= ``row``: a binary search without branches (``top``: the largest
+    power of two <= the number of chunks), as the rows come in random order."""
+    chunks = first_row.shape[0]
+    k = 0
+    step = top
+    while step > 0:
+        j = k + step
+        ok = (j < chunks) & (first_row[min(j, chunks - 1)] <= row)
+        k = j if ok else k
+        step >>= 1
+    return k
 
 
 @kernel
@@ -155,8 +157,11 @@ def group_by_chunk(rows, first_row, num_rows, chunks, bounds, local, positions):
     groups = 0
     last = -1
     last_slot = 0
+    top = 1
+    while top * 2 <= first_row.shape[0]:
+        top *= 2
     for i in range(n):
-        c = chunk_of(first_row, rows[i])
+        c = chunk_of(first_row, top, rows[i])
         if c != last:
             s = 0
             while s < groups and chunks[s] != c:

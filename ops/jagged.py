@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._arrays import array_module
+from ._native import kernels
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,20 @@ def offsets_from_lengths(lengths, xp):
     offsets = xp.zeros(lengths.shape[0] + 1, dtype=np.int64)
     xp.cumsum(lengths, dtype=np.int64, out=offsets[1:])
     return offsets
+
+
+def one_per_row(lengths, offsets) -> None:
+    """Fill ``lengths`` (int32 [n]) with 1 and ``offsets`` (int64 [n + 1]) with 0..n: the layout of keys with
+    one value per row (NumPy or CuPy, written in place)."""
+    xp = array_module(lengths=lengths, offsets=offsets)
+    if offsets.shape[0] != lengths.shape[0] + 1:
+        raise ValueError(f"offsets must have len(lengths) + 1 = {lengths.shape[0] + 1} entries, got {offsets.shape[0]}")
+    native = kernels("jagged") if xp is np else None
+    if native is not None:
+        native.one_per_row(lengths, offsets)
+        return
+    lengths.fill(1)
+    offsets[...] = xp.arange(offsets.shape[0], dtype=np.int64)
 
 
 def keyed_jagged(features: Sequence[Jagged]) -> Jagged:

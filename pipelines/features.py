@@ -245,8 +245,7 @@ class AssembleSparse(FeatureStage):
             by_key = values.reshape(len(self.keys), rows)
             for k, (name, row) in enumerate(self.sources):
                 by_key[k] = data[name][row]
-        lengths.fill(1)
-        offsets[...] = _counting(n + 1, xp)
+        ops.one_per_row(lengths, offsets)
         return {"sparse": ops.Jagged(values, lengths, offsets)}
 
     def _jagged(self, data, xp) -> ops.Jagged:
@@ -263,15 +262,3 @@ class AssembleSparse(FeatureStage):
         offsets = xp.zeros(lengths.size + 1, dtype=np.int64)
         xp.cumsum(lengths, dtype=np.int64, out=offsets[1:])
         return ops.Jagged(xp.concatenate(values), lengths, offsets)
-
-
-@functools.lru_cache(maxsize=8)
-def _counting_numpy(n: int) -> np.ndarray:
-    numbers = np.arange(n, dtype=np.int64)
-    numbers.flags.writeable = False
-    return numbers
-
-
-def _counting(n: int, xp):
-    """0, 1, ..., n - 1 as int64 (the offsets of one id per row), kept for the batch sizes in use."""
-    return _counting_numpy(n) if xp is np else xp.arange(n, dtype=np.int64)

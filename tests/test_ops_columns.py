@@ -282,3 +282,30 @@ print(sorted(k for k in sys.modules if k.startswith("numba") or k.endswith("_num
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_sequence_rows_equal_the_numpy_mapping(path):
+    """Positions of a sequence of pieces (a shuffled epoch's chunks laid end to end) to rows, padding wrapped."""
+    sizes = rng.integers(1, 300, 40)
+    seq_start = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    row_start = rng.permutation(np.concatenate([[0], np.cumsum(sizes)[:-1]])).astype(np.int64)
+    total = int(sizes.sum())
+    positions = rng.integers(0, total + 500, 20_000).astype(np.int64)
+    rows = np.empty(positions.size, np.int64)
+    valid = np.empty(positions.size, bool)
+    ops.sequence_rows(positions, 7, total, seq_start, row_start, rows, valid)
+    p = positions + 7
+    assert np.array_equal(valid, p < total)
+    p = np.where(p < total, p, p % total)
+    for i in range(0, positions.size, 97):
+        k = max(j for j in range(sizes.size) if seq_start[j] <= p[i])
+        assert rows[i] == row_start[k] + p[i] - seq_start[k]
+
+
+def test_one_per_row(path):
+    lengths = np.full(1001, 9, np.int32)
+    offsets = np.full(1002, 9, np.int64)
+    ops.one_per_row(lengths, offsets)
+    assert (lengths == 1).all() and np.array_equal(offsets, np.arange(1002))
+    with pytest.raises(ValueError, match="offsets must have len"):
+        ops.one_per_row(lengths, offsets[:-1])

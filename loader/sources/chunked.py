@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from .tabular import ListColumn, MissingFileError, RowError, ScalarColumn, bad_r
 
 
 CHUNKS_BEYOND = 4  # chunks kept besides the cache's rows: those straddling the edges of what is being read
+SPARE_BUFFERS = 4  # evicted chunks' buffers kept for reading the next chunks into
 
 
 @dataclass
@@ -157,6 +159,7 @@ class ChunkedTable:
         self._block_column = {name: j for j, name in enumerate(self._ints + self._floats)}
         self._picks: dict[tuple, np.ndarray] = {}
         self._cache: OrderedDict[int, _Packed] = OrderedDict()
+        self._retired: list[np.ndarray] = []  # buffers of evicted chunks, read into again once nobody holds them
         self._cached_rows = 0
         self._loading: dict[int, _Loading] = {}
         self._lock = threading.Lock()
@@ -201,7 +204,7 @@ class ChunkedTable:
         try:
             f = int(self.file_of[c])
             if hasattr(self.reader, "load_block"):
-                block = self.reader.load_block(self.paths[f], self.indexes[f], int(self.chunk_local[c]))
+                block = self.reader.load_block(self.paths[f], self.indexes[f], int(self.chunk_local[c]), self._spare)
                 loading.chunk = _Packed(block, {}, np.zeros(block.rows, dtype=bool), {}, False)
             else:
                 loading.chunk = self._pack(self.reader.load(self.paths[f], self.indexes[f], int(self.chunk_local[c])))
@@ -217,8 +220,21 @@ class ChunkedTable:
                     while self._cached_rows > self.cache_rows and len(self._cache) > 1:
                         old, dropped = self._cache.popitem(last=False)
                         self._cached_rows -= int(self.chunk_rows[old])
+                        if hasattr(self.reader, "load_block"):  # a buffer read into, not a parser's arrays
+                            self._retired.append(dropped.block.data)
+                            del self._retired[:-SPARE_BUFFERS]
             loading.done.set()
         return loading.chunk
+
+    def _spare(self, nbytes: int) -> np.ndarray | None:
+        """A retired buffer of ``nbytes`` that nothing refers to any more (a gather still running on its chunk
+        holds it), taken out of the list; else None."""
+        with self._lock:
+            for k in range(len(self._retired)):  # no loop variable: it would hold one more reference
+                # References when free: the list's and getrefcount's argument.
+                if self._retired[k].nbytes == nbytes and sys.getrefcount(self._retired[k]) <= 2:
+                    return self._retired.pop(k)
+        return None
 
     def _pack(self, chunk: RowsChunk) -> _Packed:
         n = chunk.bad.size

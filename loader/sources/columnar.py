@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -132,8 +133,10 @@ class ColumnarFormat:
                                 "chunk_rows": per_chunk, "layout": RecordLayout(dtypes)}
         return ChunkIndex(starts, starts + counts, starts + 1, counts, np.full(counts.size, -1, dtype=np.int64))
 
-    def load_block(self, folder: str, index: ChunkIndex, chunk: int) -> ops.ColumnBlock:
-        """The chunk as it lies in the file, read with one ``pread``; its wanted columns as a block."""
+    def load_block(self, folder: str, index: ChunkIndex, chunk: int,
+                   spare: Callable[[int], np.ndarray | None] = lambda nbytes: None) -> ops.ColumnBlock:
+        """The chunk as it lies in the file, read with one ``pread`` into ``spare(nbytes)`` (a buffer of an
+        evicted chunk nobody reads any more) or a new buffer; its wanted columns as a block."""
         table = self._tables[folder]
         if table["version"] == 1:
             rows = self.load(folder, index, chunk)
@@ -141,7 +144,8 @@ class ColumnarFormat:
         rows = int(index.rows[chunk])
         layout: RecordLayout = table["layout"]
         size = layout.chunk_bytes(rows)
-        data = np.empty(max(size, 8), dtype=np.uint8)
+        data = spare(max(size, 8))
+        data = np.empty(max(size, 8), dtype=np.uint8) if data is None else data
         path = os.path.join(folder, DATA)
         with open(path, "rb") as f:
             got = os.preadv(f.fileno(), [memoryview(data)[:size]], int(chunk) * layout.chunk_bytes(table["chunk_rows"]))
