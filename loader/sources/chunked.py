@@ -25,6 +25,7 @@ import numpy as np
 
 from ... import ops
 from ...pipelines.on_error import OnError
+from ...pipelines.own_files import is_own_file
 from ...pipelines.tabular import Column, ColumnKind, TabularFiles
 from ..errors import Skipped
 from .tabular import ListColumn, MissingFileError, RowError, ScalarColumn, bad_row, check_rows
@@ -100,16 +101,21 @@ class ChunkFormat(Protocol):
 
 def expand(paths: tuple[str, ...]) -> list[str]:
     """Each path as given, or the files a glob pattern in it matches (sorted); a pattern matching nothing or a
-    missing file is an error naming it."""
+    missing file is an error naming it. The files feedline writes beside data (indexes, their temporary files)
+    are never taken for data: a pattern leaves them out, and naming one is an error."""
     out: list[str] = []
     for path in paths:
         if glob.has_magic(path):
-            matched = sorted(glob.glob(path))
+            found = glob.glob(path)
+            matched = sorted(p for p in found if not is_own_file(p))
             if not matched:
-                raise MissingFileError(path, None, "no file matches this pattern")
+                raise MissingFileError(path, None, "no file matches this pattern" if not found else
+                                       "no file matches this pattern but feedline's own index files")
             out += matched
         elif not os.path.exists(path):
             raise MissingFileError(path)
+        elif is_own_file(path):
+            raise RowError(path, None, "is an index file that feedline wrote beside the data, not data")
         else:
             out.append(path)
     return out

@@ -1,9 +1,13 @@
 """What every tabular reader shares: its errors, the columns it returns, and what a bad row does.
 
-A reader validates every row when it is opened, so ``num_rows`` counts good rows only: with
-``OnError.RAISE`` the first bad row raises :class:`RowError` naming file and 1-based line (Parquet: row), with
-``OnError.SKIP`` bad rows are left out of the numbering and listed in ``skipped``. Reading rows later never
-fails on their content, so every good row is delivered exactly once whatever the order or sharding.
+Opening indexes the files without reading their rows, so ``num_rows`` counts every line (Parquet: row), bad
+ones included, and a row's number is its place over the files. A row is checked when its chunk is first read:
+with ``OnError.RAISE`` a bad row raises :class:`RowError` naming file and 1-based line (Parquet: row); with
+``OnError.SKIP`` it keeps its number, is delivered as an invalid slot (``valid`` False in the batch, zeros in
+its values), and is listed once in ``skipped``. So no good row moves, every good row is delivered exactly once
+whatever the order or sharding, and every rank's batches keep their size. Whole-file problems (a missing or
+empty file, a truncated gzip file, a Parquet file without a declared column) are found when the files are
+opened.
 """
 from __future__ import annotations
 

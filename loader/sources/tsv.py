@@ -1,35 +1,34 @@
 """TSV files (plain or gzip) as chunks of lines, parsed when read.
 
-A plain file is cut into chunks of about ``CHUNK_BYTES`` at line starts; any chunk is read on its own (one
-``pread``). A gzip file cannot be read from the middle, so its chunks (``CHUNK_LINES`` lines each) form one
-group, read front to back by one decompressor kept per file. The index (lines per chunk) is built by one
-pass over the file and kept beside it in ``<file>.feedline-index.json`` (size and modification time must
-match), so opening the same files again costs nothing.
+Both kinds are cut by the same line index (``line_index``): chunks of about 1 MiB at line starts, each with its
+byte range, first line and line count, so the index is O(chunks) and a line too long to read is a chunk of
+its own (one bad row). A plain file's chunk is read on its own (one ``pread``); a gzip file cannot be read
+from the middle, so its chunks (offsets in the decompressed stream) form one group, read front to back by one
+decompressor per file (``gzip_stream``). The index is kept in a hidden sidecar (``index_store``), used only
+while the file's content fingerprint is the one it was made from, and only when every value in it is one a
+scan could give; otherwise the file is indexed again. Reading a chunk checks that it still holds the lines the
+index says, so a file changed after it was indexed raises an error naming it instead of shifting rows.
 """
 from __future__ import annotations
 
-import gzip
-import json
 import logging
 import os
 import threading
-import zlib
 
 import numpy as np
 
 from ...pipelines.tabular import Column
+from . import index_store
 from .chunked import ChunkIndex, RowsChunk
+from .gzip_stream import GZIP_MAGIC, GzipError, GzipStream
+from .index_store import Fingerprint
+from .line_index import BLOCK_BYTES, LineScan, from_payload, is_long_line, long_line_reason, to_payload
 from .tabular import RowError
 from .text_parse import TSV, Layout, TextSyntax, parse_text
 
 log = logging.getLogger("feedline")
-GZIP_MAGIC = b"\x1f\x8b"
-CHUNK_BYTES = 1 << 20
-CHUNK_LINES = 1 << 12
-SCAN_BYTES = 1 << 24
-INDEX_SUFFIX = ".feedline-index.json"
-INDEX_VERSION = 1
-_unwritable_warned: set[str] = set()
+INDEX_KIND = "lines"
+INDEX_VERSION = 2
 
 
 def is_gzip(path: str) -> bool:
@@ -46,29 +45,43 @@ class TsvFormat:
         self._cursors: dict[str, _GzipCursor] = {}
         self._lock = threading.Lock()
 
-    # ---- indexing ---------------------------------------------------------------------------------
+    # ---- indexing ----------------------------------------------------------------------------------
     def index(self, path: str) -> ChunkIndex:
-        stat = os.stat(path)
-        cached = _read_cache(path, stat)
-        if cached is not None:
-            return cached
-        index = _index_gzip(path) if is_gzip(path) else _index_plain(path, stat.st_size)
-        _write_cache(path, stat, index)
-        return index
+        """The file's chunks: from its sidecar when that still describes it, else by one scan (then kept)."""
+        gz = is_gzip(path)
+        before = Fingerprint.of(path)
+        saved = index_store.load(path, INDEX_KIND, INDEX_VERSION, before)
+        arrays = from_payload(saved, None if gz else before.size) if saved is not None else None
+        if arrays is None:
+            arrays = _scan(path, gz)
+            if Fingerprint.of(path) == before:  # never keep an index of content that moved under the scan
+                index_store.save(path, INDEX_KIND, INDEX_VERSION, before, to_payload(*arrays))
+        starts, stops, lines, rows = arrays
+        return ChunkIndex(starts, stops, lines, rows, np.full(rows.size, 0 if gz else -1, dtype=np.int64))
 
     # ---- reading ----------------------------------------------------------------------------------
     def load(self, path: str, index: ChunkIndex, chunk: int) -> RowsChunk:
-        rows = int(index.rows[chunk])
-        if index.groups[chunk] < 0:  # plain text: read the chunk's bytes on their own
-            with open(path, "rb") as f:
-                data = os.pread(f.fileno(), int(index.stops[chunk] - index.starts[chunk]), int(index.starts[chunk]))
+        start, stop = int(index.starts[chunk]), int(index.stops[chunk])
+        rows, line = int(index.rows[chunk]), int(index.lines[chunk])
+        last = chunk == index.rows.size - 1
+        gz = index.groups[chunk] >= 0
+        if is_long_line(start, stop, rows):
+            if gz:
+                self._cursor(path).read(start, stop, keep=False)
+            return _one_bad_row(self.parse(b"\n", 1), long_line_reason(start, stop))
+        if gz:
+            before, data = self._cursor(path).read(start, stop)
         else:
-            with self._lock:
-                cursor = self._cursors.get(path)
-                if cursor is None:
-                    cursor = self._cursors[path] = _GzipCursor(path)
-            data = cursor.lines(int(index.lines[chunk]), rows)
+            before, data = _pread(path, start, stop)
+        _check_chunk(path, line, rows, last, before, data, stop - start)
         return self.parse(data, rows)
+
+    def _cursor(self, path: str) -> _GzipCursor:
+        with self._lock:
+            cursor = self._cursors.get(path)
+            if cursor is None:
+                cursor = self._cursors[path] = _GzipCursor(path)
+        return cursor
 
     def parse(self, data: bytes, rows: int) -> RowsChunk:
         """``rows`` lines of text (the last one's newline optional) as a chunk of rows: the integer columns (int,
@@ -78,141 +91,85 @@ class TsvFormat:
                          chunk.floats if chunk.floats.shape[1] else None)
 
 
-def _index_plain(path: str, size: int) -> ChunkIndex:
-    """Chunks of about CHUNK_BYTES, each starting at a line start, and the lines in each."""
-    if size == 0:
-        return ChunkIndex.empty()
+def _scan(path: str, gz: bool) -> tuple[np.ndarray, ...]:
+    """One pass over the file (its decompressed stream for gzip), a block at a time."""
+    scan = LineScan()
+    if gz:
+        try:
+            with GzipStream(path) as stream:
+                while block := stream.read(BLOCK_BYTES):
+                    scan.feed(block)
+        except GzipError as e:
+            raise RowError(path, None, f"is not a readable gzip file: {e}") from None
+    else:
+        with open(path, "rb") as f:
+            while block := f.read(BLOCK_BYTES):
+                scan.feed(block)
+    return scan.finish().arrays()
+
+
+def _pread(path: str, start: int, stop: int) -> tuple[bytes, bytes]:
+    """The byte before ``start`` (empty at 0) and the bytes ``[start, stop)`` (fewer where the file is shorter)."""
     with open(path, "rb") as f:
-        ends = []  # one past each newline
-        offset = 0
-        while True:
-            block = f.read(SCAN_BYTES)
-            if not block:
-                break
-            ends.append(np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 0x0A) + offset + 1)
-            offset += len(block)
-    line_ends = np.concatenate(ends) if ends else np.zeros(0, dtype=np.int64)
-    if line_ends.size == 0 or line_ends[-1] != size:
-        line_ends = np.append(line_ends, size)  # a last line without its newline
-    line_ends = line_ends.astype(np.int64)
-    # The last line of each chunk: the first line ending at or beyond each CHUNK_BYTES mark.
-    marks = np.arange(CHUNK_BYTES, size, CHUNK_BYTES)
-    cut_lines = np.unique(np.concatenate([np.searchsorted(line_ends, marks), [line_ends.size - 1]]))
-    stops = line_ends[cut_lines]
-    starts = np.concatenate([[0], stops[:-1]])
-    rows = np.diff(np.concatenate([[-1], cut_lines]))
-    lines = np.concatenate([[1], cut_lines[:-1] + 2])
-    return ChunkIndex(starts, stops, lines.astype(np.int64), rows.astype(np.int64),
-                      np.full(rows.size, -1, dtype=np.int64))
+        data = os.pread(f.fileno(), stop - start + (start > 0), start - (start > 0))
+    return (data[:1], data[1:]) if start > 0 else (b"", data)
 
 
-def _index_gzip(path: str) -> ChunkIndex:
-    """One group of CHUNK_LINES-line chunks: the lines counted by decompressing the file once."""
-    lines, last_byte = 0, b"\n"
-    try:
-        with gzip.open(path, "rb") as f:
-            while True:
-                block = f.read(SCAN_BYTES)
-                if not block:
-                    break
-                lines += block.count(b"\n")
-                last_byte = block[-1:]
-    except (OSError, EOFError, zlib.error) as e:
-        raise RowError(path, None, f"is not a readable gzip file: {e}") from None
-    if last_byte != b"\n":
-        lines += 1  # a last line without its newline
-    starts = np.arange(0, lines, CHUNK_LINES, dtype=np.int64)
-    rows = np.minimum(CHUNK_LINES, lines - starts)
-    return ChunkIndex(starts, starts + rows, starts + 1, rows, np.zeros(rows.size, dtype=np.int64))
+def _check_chunk(path: str, line: int, rows: int, last: bool, before: bytes, data: bytes, size: int) -> None:
+    """That ``data`` is still the chunk the index describes: whole lines, ``rows`` of them."""
+    newlines = data.count(b"\n")
+    whole = len(data) == size and before in (b"", b"\n") and (data.endswith(b"\n") or last)
+    if not whole or newlines != rows - (not data.endswith(b"\n")):
+        raise RowError(path, None, f"changed since it was indexed: lines {line}-{line + rows - 1} are no longer "
+                                   f"where they were (found {len(data)} of {size} bytes holding {newlines} line "
+                                   f"ends); open it again")
+
+
+def _one_bad_row(chunk: RowsChunk, reason: str) -> RowsChunk:
+    """A parsed one-row chunk turned into one bad row with ``reason`` (zero values, every scalar missing)."""
+    def zeros(a):
+        return None if a is None else np.zeros_like(a)
+
+    columns = {k: (type(v)(np.zeros_like(v.values), np.ones_like(v.missing)) if hasattr(v, "missing") else v)
+               for k, v in chunk.columns.items()}
+    return chunk._replace(columns=columns, bad=np.ones(1, dtype=bool), reasons={0: reason}, ints=zeros(chunk.ints),
+                          floats=zeros(chunk.floats),
+                          missing=None if chunk.missing is None else np.ones_like(chunk.missing))
 
 
 class _GzipCursor:
-    """One decompressor per gzip file, moving forward; asked for an earlier line, it starts again."""
+    """One decompressor per gzip file, moving forward through its decompressed bytes in bounded pieces; asked
+    for bytes behind it, it starts again."""
 
     def __init__(self, path: str):
         self.path = path
         self.lock = threading.Lock()
-        self._open()
+        self.stream: GzipStream | None = None
+        self.last = b""  # the byte before the stream's position
 
-    def _open(self) -> None:
-        self.file = gzip.open(self.path, "rb")
-        self.line = 1        # the line that ``pending`` starts with
-        self.pending = b""
-
-    def lines(self, first: int, count: int) -> bytes:
+    def read(self, start: int, stop: int, *, keep: bool = True) -> tuple[bytes, bytes]:
+        """The byte before ``start`` and the bytes ``[start, stop)`` of the decompressed stream (fewer where it
+        ends sooner); with ``keep=False`` the bytes are passed over, not kept."""
         with self.lock:
-            if first < self.line:
-                self.file.close()
-                self._open()
             try:
-                self._skip(first - self.line)
-                return self._take(count)
-            except (OSError, EOFError, zlib.error) as e:
+                if self.stream is None or start < self.stream.position:
+                    if self.stream is not None:
+                        self.stream.close()
+                    self.stream, self.last = GzipStream(self.path), b""
+                self._pass(start - self.stream.position, None)
+                before = self.last
+                pieces: list[bytes] = []
+                self._pass(stop - start, pieces if keep else None)
+                return before, b"".join(pieces)
+            except GzipError as e:
                 raise RowError(self.path, None, f"is not a readable gzip file: {e}") from None
 
-    def _fill(self) -> bool:
-        block = self.file.read(SCAN_BYTES // 4)
-        self.pending += block
-        return bool(block)
-
-    def _take(self, count: int) -> bytes:
-        while self.pending.count(b"\n") < count:
-            if not self._fill():
-                break
-        cut = -1
-        for _ in range(count):
-            cut = self.pending.find(b"\n", cut + 1)
-            if cut < 0:
-                cut = len(self.pending) - 1
-                break
-        out, self.pending = self.pending[:cut + 1], self.pending[cut + 1:]
-        self.line += count
-        return out
-
-    def _skip(self, count: int) -> None:
+    def _pass(self, count: int, into: list | None) -> None:
         while count > 0:
-            newlines = self.pending.count(b"\n")
-            if newlines >= count:
-                self._take(count)
+            block = self.stream.read(min(count, BLOCK_BYTES))
+            if not block:
                 return
-            self.line += newlines
-            count -= newlines
-            self.pending = self.pending[self.pending.rfind(b"\n") + 1:]
-            if not self._fill():
-                return
-
-
-def _cache_path(path: str) -> str:
-    return path + INDEX_SUFFIX
-
-
-def _read_cache(path: str, stat: os.stat_result) -> ChunkIndex | None:
-    try:
-        with open(_cache_path(path)) as f:
-            saved = json.load(f)
-        if (saved.get("version"), saved.get("size"), saved.get("mtime_ns"), saved.get("chunk_bytes"),
-                saved.get("chunk_lines")) != (INDEX_VERSION, stat.st_size, stat.st_mtime_ns, CHUNK_BYTES,
-                                              CHUNK_LINES):
-            return None
-        return ChunkIndex(*(np.asarray(saved[k], dtype=np.int64) for k in ("starts", "stops", "lines", "rows",
-                                                                           "groups")))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _write_cache(path: str, stat: os.stat_result, index: ChunkIndex) -> None:
-    target = _cache_path(path)
-    payload = {"version": INDEX_VERSION, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-               "chunk_bytes": CHUNK_BYTES, "chunk_lines": CHUNK_LINES,
-               **{k: getattr(index, k).tolist() for k in ("starts", "stops", "lines", "rows", "groups")}}
-    tmp = f"{target}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(payload, f)
-        os.replace(tmp, target)
-    except OSError as e:
-        folder = os.path.dirname(os.path.abspath(path))
-        if folder not in _unwritable_warned:
-            _unwritable_warned.add(folder)
-            log.warning("feedline: cannot keep the line index of %s beside it (%s); it is counted again at "
-                        "every open", path, e.strerror or e)
+            count -= len(block)
+            self.last = block[-1:]
+            if into is not None:
+                into.append(block)
