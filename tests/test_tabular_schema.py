@@ -37,7 +37,7 @@ FILES = TabularFiles("data.parquet", "parquet", (
     (lambda: Schema("y", (Dense("a"), Categorical("a", 3))), ValueError, "names repeat"),
     (lambda: Schema("a", (Dense("a"),)), ValueError, "Schema.label"),
     (lambda: TabularFiles([], "tsv", (Column("a", "int"),)), TypeError, "TabularFiles.paths"),
-    (lambda: TabularFiles("x", "csv", (Column("a", "int"),)), ValueError, "TabularFiles.format"),
+    (lambda: TabularFiles("x", "xlsx", (Column("a", "int"),)), ValueError, "TabularFiles.format"),
     (lambda: TabularFiles("x", "tsv", (Column("a", "int"),), on_error="warn"), ValueError, "on_error"),
     (lambda: TabularFiles("x", "tsv", ()), TypeError, "TabularFiles.columns"),
     (lambda: TabularFiles("x", "columnar", (Column("a", "float"),)), TypeError, "converted tables hold only int and hex"),

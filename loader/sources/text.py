@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import csv
 import gzip
+import threading
 import zlib
 
 from ...pipelines.tabular import FileFormat, TabularFiles
 from .chunked import ChunkIndex
 from .line_index import MAX_LINE_BYTES
 from .tabular import RowError
-from .text_parse import Layout, TextSyntax
+from .text_parse import Layout, TextSyntax, warm_up
 from .tsv import TsvFormat, is_gzip
 
 
@@ -32,6 +33,7 @@ class TextFormat(TsvFormat):
         super().__init__(files.columns, syntax_of(files))
         self.header = files.header
         self._first: tuple[str, tuple[str, ...]] | None = None  # the first file read and its header
+        threading.Thread(target=warm_up, name="feedline-parser-warm-up", daemon=True).start()  # while indexing
 
     def index(self, path: str) -> ChunkIndex:
         index = super().index(path)

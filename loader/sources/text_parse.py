@@ -27,6 +27,7 @@ are the fields' emptiness otherwise.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -108,7 +109,7 @@ class Layout:
 
 class TextChunk(NamedTuple):
     ints: np.ndarray     # [rows, integer columns] int64
-    floats: np.ndarray   # [rows, float columns] float64
+    floats: np.ndarray   # [rows, float columns] float64, in the same buffer as ``ints``, right after them
     missing: np.ndarray  # [rows, integer columns + float columns] bool
     lists: dict          # name -> ListColumn
     bad: np.ndarray      # [rows] bool
@@ -758,6 +759,20 @@ def _parse(b, words, rows, kinds, slots, seeds, required, classes, hex_digits, d
 
 # ---- the Python side ------------------------------------------------------------------------------------------
 
+_warming = threading.Lock()
+_warmed = False
+
+
+def warm_up() -> None:
+    """Compile the kernel (or load it from numba's cache) now, once per process: the first compile takes
+    seconds, so a source starts this on a thread of its own while it indexes its files."""
+    global _warmed
+    with _warming:
+        if not _warmed:
+            parse_text(b"1\n" * 8, 8, Layout((Column("warm_up", ColumnKind.INT),)))
+            _warmed = True
+
+
 _WHAT = {INT: "a decimal integer", HEX: "a hexadecimal integer", FLOAT: "a number"}
 
 
@@ -768,8 +783,9 @@ def parse_text(data: bytes, rows: int, layout: Layout) -> TextChunk:
     b = np.frombuffer(data, dtype=np.uint8)
     syntax = layout.syntax
     num_ints, num_floats, num_lists = len(layout.int_columns), len(layout.float_columns), len(layout.list_columns)
-    ints = np.empty((rows, num_ints), dtype=np.int64)
-    floats = np.empty((rows, num_floats), dtype=np.float64)
+    block = np.empty(rows * (num_ints + num_floats), dtype=np.int64)  # the floats right after the ints
+    ints = block[:rows * num_ints].reshape(rows, num_ints)
+    floats = block[rows * num_ints:].view(np.float64).reshape(rows, num_floats)
     missing = np.empty((rows, num_ints + num_floats), dtype=np.bool_)
     list_offsets = np.zeros((num_lists, rows + 1), dtype=np.int64)
     capacity = data.count(layout.list_delimiter.to_bytes(1, "little")) + rows if num_lists else 0
