@@ -208,3 +208,25 @@ def test_defaults_and_string_seeds():
     assert seeds["city"] == 5 and spec.source.column("label").required
     only_cross = tabular(Schema(None, (Cross("city", "clicks", 10),)), files)
     assert only_cross.source.column("city").hash_seed == 0
+
+
+def test_a_line_too_long_is_one_bad_row_with_every_block(tmp_path):
+    """A line over the length a line may have is one bad row; its chunk still has the float block (a chunk
+    without it would not line up with its missing flags)."""
+    from feedline.loader.sources.line_index import MAX_LINE_BYTES
+    from feedline.loader.sources.text import TextFormat
+    path = tmp_path / "long.csv"
+    path.write_bytes(b"label,price,city,clicks,tags\n1,2.5,x,1,1\n0," + b"9" * (MAX_LINE_BYTES + 10)
+                     + b",y,2,2\n1,3.5,z,3,3\n")
+    files = TabularFiles(path, "csv", COLUMNS, header=True, on_error="skip")
+    source = TextFormat(files)
+    index = source.index(str(path))
+    long = int(np.flatnonzero(index.lines == 3)[0])
+    chunk = source.load(str(path), index, long)
+    assert chunk.bad.tolist() == [True] and "bytes long" in chunk.reasons[0]
+    assert chunk.ints.shape == (1, 3) and chunk.floats.shape == (1, 1) and chunk.missing.shape == (1, 4)
+    loader = Loader(tabular(SCHEMA, files), batch_size=3, placement="cpu", shuffle=False)
+    (batch,) = list(loader)
+    assert batch["valid"].tolist() == [True, False, True]
+    assert batch["dense"][:, 0].tolist() == [2.5, 0.0, 3.5]
+    assert [s.where for s in loader.skipped] == [f"{path}:3"]
