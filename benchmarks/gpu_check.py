@@ -1,7 +1,8 @@
 """GPU check: every CuPy kernel of feedline.ops against its NumPy twin, and what this GPU can move.
 
 Run as ``python benchmarks/gpu_check.py`` (from the repository root or with feedline installed).
-Needs NumPy and CuPy; PyTorch for host-to-device bandwidth; nvidia-ml-py for NVML readings. DALI is
+Needs NumPy and CuPy; PyTorch for host-to-device bandwidth and the tables' GPU placement (every cut of the
+Criteo pipeline against the CPU's batches); nvidia-ml-py for NVML readings. numba is optional. DALI is
 never imported. Prints one JSON document and exits 0; without a usable GPU the document says
 ``"gpu": false`` and why.
 """
@@ -261,7 +262,76 @@ def kernel_checks(ops, copy_bps: float, scale: float = 1.0) -> dict:
         lambda: jagged_fields(ops.multi_hot(row_offsets_d, values_d, 100_003, 9, 4)),
         lambda: jagged_fields(ops.multi_hot(row_offsets, values, 100_003, 9, 4)),
         values.size, 16 * values.size))
+
+    # A Criteo batch's whole-batch kernels: 26 id columns hashed (and crosses), 13 dense columns normalised.
+    rows = size(26 * 8192 * 4) // 26
+    ids = rng.integers(-1, 2**32, (26, rows), dtype=np.int64)
+    ids_d = cupy.asarray(ids)
+    plan = ops.hash_plan(np.arange(26), [1_000_003] * 13 + [1 << 20] * 13, np.arange(26))
+    run("hash_columns_criteo", lambda: (lambda: ops.hash_columns(ids_d, plan), lambda: ops.hash_columns(ids, plan),
+                                        ids.size, 16 * ids.size))
+    crosses = ops.hash_plan([[0, 1], [2, 3], [25, 4]], [999_983, 1 << 16, 7], [5, 6, 7])
+    run("hash_columns_crosses", lambda: (lambda: ops.hash_columns(ids_d, crosses),
+                                         lambda: ops.hash_columns(ids, crosses), 3 * rows, 24 * 3 * rows))
+    raw = np.floor(rng.lognormal(2, 3, (13, rows))).astype(np.float32)
+    raw[rng.random(raw.shape) < 0.2] = np.nan
+    raw_d = cupy.asarray(raw)
+    dense = ops.dense_plan(range(13), [0.0] * 13, [0.0] * 13, [True] * 13)
+    run("normalize_columns_criteo", lambda: (lambda: ops.normalize_columns(raw_d, dense),
+                                             lambda: ops.normalize_columns(raw, dense), raw.size, 8 * raw.size))
     return results
+
+
+def table_placement_section(rows: int = 200_000, batch_size: int = 8192) -> dict:
+    """The Criteo pipeline over a converted table under every GPU cut against the CPU placement: batches
+    bit-identical, rows/s, what crosses PCIe per row (one pinned buffer per batch) and whether it is pinned."""
+    import os
+    import tempfile
+
+    import torch
+
+    import_feedline("loader")
+    from feedline.benchmarks.data.criteo import make_criteo
+    from feedline.loader.runners import RunnerConfig
+    from feedline.loader.runners.features import FeatureRunner
+    from feedline.loader.sources import open_source
+    from feedline.loader.sources.convert import convert
+    from feedline.loader.stream_order import StreamOrder
+    from feedline.pipelines.criteo import criteo
+
+    device = torch.device("cuda")
+    with tempfile.TemporaryDirectory() as folder:
+        make_criteo(os.path.join(folder, "criteo.tsv"), rows=rows, seed=0, format="tsv")
+        convert(criteo(os.path.join(folder, "criteo.tsv")).source, os.path.join(folder, "conv"))
+        spec = criteo(os.path.join(folder, "conv"), table_sizes=1_000_003)
+        source = open_source(spec.source, cache_rows=1 << 17)
+        plans = list(StreamOrder(source.chunk_rows, source.chunk_groups, batch_size, seed=1).epoch(0))
+
+        def batches(cut: int) -> tuple[list, float]:
+            runner = FeatureRunner(spec, source, RunnerConfig(cut, device, batch_size, num_threads=2))
+            started = time.perf_counter()
+            out = [{k: (v if not isinstance(v, dict) else {n: t for n, t in v.items() if n != "keys"})
+                    for k, v in batch.items()} for batch, _ in runner.batches(iter(plans))]
+            torch.cuda.synchronize()
+            return out, sum(p.indices.size for p in plans) / (time.perf_counter() - started)
+
+        def same(a: dict, b: dict) -> bool:
+            return all(same(a[k], b[k]) if isinstance(a[k], dict) else torch.equal(a[k], b[k]) for k in a)
+
+        reference, cpu_rate = batches(spec.all_cpu)
+        result = {"rows": rows, "batch_size": batch_size, "cpu_rows_per_s": round(cpu_rate)}
+        for cut in spec.valid_cuts()[:-1]:
+            if over_budget():
+                result[spec.describe_cut(cut)] = {"skipped": "time budget spent"}
+                continue
+            got, rate = batches(cut)
+            runner = FeatureRunner(spec, source, RunnerConfig(cut, device, batch_size))
+            tensor, _ = runner._host_part(plans[0])
+            result[spec.describe_cut(cut)] = {
+                "bit_identical": len(got) == len(reference) and all(same(a, b) for a, b in zip(got, reference)),
+                "rows_per_s": round(rate), "pinned": bool(tensor.is_pinned()),
+                "bytes_crossing_per_row": tensor.numel() / plans[0].indices.size}
+        return result
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -346,6 +416,7 @@ def run_check() -> dict:
     doc["kernels"] = kernel_checks(ops, copy_bps)
     doc["all_bit_identical"] = all(k.get("bit_identical") is True for k in doc["kernels"].values())
     doc["host_to_device"] = guarded(host_to_device)
+    doc["table_placement"] = guarded(table_placement_section)
     doc["nvml"] = guarded(nvml_readings)
     doc["scheduler"] = guarded(scheduler_section)
     doc["seconds"] = round(time.perf_counter() - START, 1)

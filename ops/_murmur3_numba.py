@@ -96,22 +96,20 @@ def cross_columns(raw, a_rows, b_rows, num_buckets, seeds, targets, out):
 
 
 @kernel
-def hash_words(words, seed, num_buckets, out):
-    """Each row of ``words`` (uint32 [n, w], a key's little-endian bytes) hashed with ``seed``: the bucket
+def hash_keys(keys, seed, num_buckets, out):
+    """Each key (uint64: its 8 little-endian bytes; uint32: its 4) hashed with ``seed``: the bucket
     (``num_buckets`` >= 1, ``out`` int64) or, with ``num_buckets`` 0, the hash itself (``out`` uint32)."""
-    width = words.shape[1]
     seed = np.uint32(seed)
     n = np.int64(num_buckets)
     inverse = 1.0 / np.float64(max(n, 1))
-    for i in range(words.shape[0]):
-        h = seed
-        for j in range(width):
-            h = step(h, words[i, j])
-        h = finish(h, 4 * width)
-        if n > 0:
+    wide = keys.itemsize == 8
+    if n > 0:
+        for i in range(keys.shape[0]):
+            h = hash_u64(keys[i], seed) if wide else finish(step(seed, np.uint32(keys[i])), 4)
             out[i] = bucket(h, n, inverse)
-        else:
-            out[i] = h
+    else:
+        for i in range(keys.shape[0]):
+            out[i] = hash_u64(keys[i], seed) if wide else finish(step(seed, np.uint32(keys[i])), 4)
 
 
 @kernel

@@ -176,7 +176,8 @@ class HashColumns(FeatureStage):
         raw = data["categorical_raw"]
         ids = _array(out, "categorical_ids", (len(self.categorical) + len(self.crosses), raw.shape[1]), np.int64, xp)
         for plan in self.plans:
-            ops.hash_columns(raw, plan, ids)
+            if len(plan):
+                ops.hash_columns(raw, plan, ids)
         return {"categorical_ids": ids}
 
 

@@ -56,7 +56,7 @@ def test_kernel_checks_pass_on_emulated_gpu(gpu):  # noqa: F811
 
     check = load_script()
     results = check.kernel_checks(ops, copy_bps=1e9, scale=0.002)
-    assert len(results) == 11
+    assert len(results) == 14
     for name, entry in results.items():
         assert entry.get("bit_identical") is True, (name, entry)
         assert entry["keys_per_s"] > 0

@@ -14,6 +14,8 @@ after parsing runs there). Intermediate arrays are scratch reused by each thread
 """
 from __future__ import annotations
 
+import os
+import select
 import threading
 import time
 from collections import deque
@@ -42,6 +44,36 @@ def _may_join() -> bool:
     the module's own lock). Those leave the workers to finish on their own."""
     current = threading.current_thread()
     return not isinstance(current, threading._DummyThread) and not current.name.startswith(_THREAD_PREFIX)
+
+
+class _Doorbell:
+    """How a worker tells the batch thread that a batch is done: a byte through a pipe. Writing and waiting are
+    system calls made without the GIL, where a ``Condition`` (a ``Future``'s ``result()``) wakes the waiting
+    thread from inside a call that holds it: on a virtual machine, where waking a thread on another core is
+    slow, the GIL then stays held for the whole wake-up, once per batch. A ring that finds the pipe full is
+    not needed: a wake-up is already pending."""
+
+    def __init__(self):
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._closed = False
+
+    def ring(self, _future=None) -> None:
+        try:
+            os.write(self._write, b"\0")
+        except (BlockingIOError, OSError):  # full (a wake-up is pending), or closed with the stream
+            pass
+
+    def wait(self) -> None:
+        """Until some batch has been finished since the last wait (or was before it, unread)."""
+        select.select([self._read], [], [])
+        os.read(self._read, 4096)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            os.close(self._read)
+            os.close(self._write)
 
 
 class _Layout:
@@ -96,8 +128,10 @@ class FeatureRunner:
         self._delivered = self._crossing if self.on_gpu else tuple(spec.outputs)
         self._layouts: dict[int, tuple[_Layout, dict]] = {}
         self._scratch = threading.local()
-        depth = max(self.prefetch, self.num_threads)
-        self._ring = BufferRing(2 * depth + 4) if self.device.type == "cpu" else None
+        # Plans in flight: each thread finds its next plan queued when it finishes one, so it need not be woken
+        # (a wake-up is a system call made holding the GIL, and costly on virtual machines).
+        self._depth = max(self.prefetch, self.num_threads) + self.num_threads
+        self._ring = BufferRing(self._depth + self.prefetch + 4) if self.device.type == "cpu" else None
 
     @property
     def skipped(self) -> list[Skipped]:
@@ -106,19 +140,24 @@ class FeatureRunner:
 
     def batches(self, plans: Iterator[BatchPlan]) -> Iterator[tuple[dict[str, Any], BatchInfo]]:
         plans = iter(plans)
-        depth = max(self.prefetch, self.num_threads)
+        depth = self._depth
         pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix=_THREAD_PREFIX)
         pending: deque = deque()
+        done = _Doorbell()
         try:
             while True:
                 while len(pending) < depth:
                     plan = next(plans, None)
                     if plan is None:
                         break
-                    pending.append((plan, pool.submit(self._host_part, plan)))
+                    future = pool.submit(self._host_part, plan)
+                    future.add_done_callback(done.ring)
+                    pending.append((plan, future))
                 if not pending:
                     return
                 plan, future = pending.popleft()
+                while not future.done():
+                    done.wait()
                 try:
                     host = future.result()
                 except BaseException as e:
@@ -132,6 +171,7 @@ class FeatureRunner:
             for _, future in pending:
                 future.cancel()
             pool.shutdown(wait=_may_join(), cancel_futures=True)
+            done.close()
 
     # ---- the CPU part ---------------------------------------------------------------------------------
     def _layout(self, rows: int) -> tuple[_Layout, dict[str, tuple]]:
