@@ -102,9 +102,10 @@ def _scan(path: str, gz: bool) -> tuple[np.ndarray, ...]:
         except GzipError as e:
             raise RowError(path, None, f"is not a readable gzip file: {e}") from None
     else:
-        with open(path, "rb") as f:
-            while block := f.read(BLOCK_BYTES):
-                scan.feed(block)
+        block = bytearray(BLOCK_BYTES)
+        with open(path, "rb", buffering=0) as f:
+            while n := f.readinto(block):
+                scan.feed(block, n)
     return scan.finish().arrays()
 
 
