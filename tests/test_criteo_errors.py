@@ -203,3 +203,26 @@ def test_errors_survive_pickling(tmp_path):
     for error in (RowError(str(tmp_path / "a.tsv"), 3, "bad"), MissingFileError(str(tmp_path / "b.tsv"))):
         copy = pickle.loads(pickle.dumps(error))
         assert type(copy) is type(error) and str(copy) == str(error) and (copy.file, copy.line) == (error.file, error.line)
+
+
+def test_gzip_of_several_members_and_zero_padding_reads_as_one_file(tmp_path):
+    path = tmp_path / "day.tsv.gz"
+    path.write_bytes(gzip.compress(("\n".join(GOOD[:5]) + "\n").encode()) + gzip.compress(b"")
+                     + gzip.compress(("\n".join(GOOD[5:]) + "\n").encode()) + b"\0" * 512)
+    loader = Loader(criteo(path, table_sizes=1 << 30), batch_size=3, placement="cpu", shuffle=False)
+    assert len(loader.source) == len(GOOD)
+    labels = torch.cat([b["label"] for b in loader]).tolist()
+    assert labels == [float(g.split("\t")[0]) for g in GOOD]
+    assert loader.source.where(6) == f"{path}:7"
+
+
+@pytest.mark.parametrize("damage,why", [
+    (lambda data: data[:-8] + bytes(4) + data[-4:], "corrupt"),        # a wrong CRC in the trailer
+    (lambda data: data + b"trailing junk", "other data after its last gzip member"),
+    (lambda data: data[:len(data) // 2], "cut short"),
+])
+def test_a_damaged_gzip_file_is_an_error_at_opening_naming_it(tmp_path, damage, why):
+    path = tmp_path / "day.tsv.gz"
+    path.write_bytes(damage(gzip.compress(("\n".join(GOOD * 50) + "\n").encode())))
+    with pytest.raises(RowError, match=f"^{path}: is not a readable gzip file: .*{why}"):
+        open_source(criteo(path).source)
