@@ -33,7 +33,6 @@ VERSION = 2
 READS = (1, 2)  # the versions this module reads
 CHUNK_ROWS = 1 << 14
 DATA = "records.bin"
-DATA_FILES = (DATA, "rows.bin", "missing.bin")  # what a folder of either version holds besides META
 _NARROW = tuple(np.dtype(t) for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.int64))
 
 
