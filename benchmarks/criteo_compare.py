@@ -163,8 +163,8 @@ def _read_through(path: str, block: int = 8 << 20) -> None:
 def _convert(path: str, work: Path, result: dict, step, bar) -> dict[str, str]:
     """Both conversions, each a command of its own; their keys go into ``result``; returns each side's data."""
     commands = {
-        "feedline_converted": ("feedline.loader.cli", ["convert", "criteo", path, "--out", work / "feedline",
-                                                       "--no-progress", "--json"]),
+        "feedline_converted": ("feedline.cli", ["convert", "criteo", path, "--out", work / "feedline",
+                                                "--no-progress", "--json"]),
         "torchrec": (f"{_HERE}.torchrec_baseline", [path, work / "torchrec"]),
     }
     for side, (module, args) in commands.items():

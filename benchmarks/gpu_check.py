@@ -32,7 +32,7 @@ def import_feedline(subpackage: str) -> types.ModuleType:
     try:
         return importlib.import_module(f"feedline.{subpackage}")
     except ImportError:
-        for name in ("pipelines", "ops", "loader", "benchmarks"):
+        for name in ("pipelines", "ops", "loader", "datagen"):
             if f"feedline.{name}" not in sys.modules:
                 load_from_tree(ROOT, name)
         return sys.modules[f"feedline.{subpackage}"]
@@ -49,7 +49,7 @@ def scheduler_section(rows: int = 200_000, batch_size: int = 8192) -> dict:
     import torch
 
     import_feedline("loader")
-    from feedline.benchmarks.data.criteo import make_criteo
+    from feedline.datagen.criteo import make_criteo
     from feedline.loader.placement.auto import AutoPlacement
     from feedline.loader.runners import RunnerConfig, make_runner
     from feedline.loader.sources import open_source
@@ -291,7 +291,7 @@ def table_placement_section(rows: int = 200_000, batch_size: int = 8192) -> dict
     import torch
 
     import_feedline("loader")
-    from feedline.benchmarks.data.criteo import make_criteo
+    from feedline.datagen.criteo import make_criteo
     from feedline.loader.runners import RunnerConfig
     from feedline.loader.runners.features import FeatureRunner
     from feedline.loader.sources import open_source

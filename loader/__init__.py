@@ -1,4 +1,4 @@
-"""Running pipelines: the Loader, placement, the scheduler and the CLI."""
+"""Running pipelines: the Loader, its sources, runners and placement (the scheduler)."""
 from .errors import DataError, PlacementError
 from .loader import Loader
 from .runners.remote import RayWorkers

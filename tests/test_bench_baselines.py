@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from feedline.benchmarks import criteo_compare, gil_share, pyarrow_baseline
-from feedline.benchmarks.data.criteo import make_criteo
+from feedline.datagen.criteo import make_criteo
 from feedline.benchmarks.peak_memory import run_module
 from feedline.loader import Loader
-from feedline.loader.cli import main
+from feedline.cli import main
 from feedline.pipelines.criteo import criteo
 
 ROWS = 3000

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from feedline.loader.cli import main
+from feedline.cli import main
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -140,7 +140,7 @@ def test_plan_on_a_gpu_without_one_is_an_error(small_criteo, capsys):
 # ---- one number format for every table ------------------------------------------------------------------------
 
 def test_every_table_formats_numbers_alike():
-    from feedline.loader.cli import format_table
+    from feedline.cli.tables import format_table
     image = {"feedline_samples_per_s": 1234.567, "fraction_of_bound": 1.0234, "batches": 75,
              "speedup_per_round": [1.0234, 0.99876], "readahead_batches": {"feedline": 2, "baseline": 4}}
     tabular = {"feedline_samples_per_s": 456123.7, "open_s": 0.0031, "rows": 200000, "efficiency": 0.95321,

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from feedline.benchmarks.data.criteo import make_criteo
+from feedline.datagen.criteo import make_criteo
 from feedline.loader import DataError
 from feedline.loader.sources import columnar, open_source
 from feedline.loader.sources.convert import convert

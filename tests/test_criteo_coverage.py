@@ -3,7 +3,7 @@ and through the Loader."""
 import numpy as np
 import pytest
 
-from feedline.benchmarks.data.criteo import make_criteo
+from feedline.datagen.criteo import make_criteo
 from feedline.loader import Loader
 from runners import feature_runner
 from feedline.loader.sampler import EpochSampler

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from feedline.benchmarks.data.criteo import make_criteo
-from feedline.benchmarks.data.images import make_images
+from feedline.datagen.criteo import make_criteo
+from feedline.datagen.images import make_images
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 3

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from feedline.benchmarks.data.criteo import make_criteo
+from feedline.datagen.criteo import make_criteo
 from feedline.loader import DataError, Loader
-from feedline.loader.cli import main as cli
+from feedline.cli import main as cli
 from feedline.loader.sources import index_store, open_source
 from feedline.loader.sources.tabular import RowError
 from feedline.pipelines.criteo import criteo

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from feedline.benchmarks.data.images import MARKER, make_images, read_marker
+from feedline.datagen.images import MARKER, make_images, read_marker
 from feedline.benchmarks.image_baselines import decode_bound, image_files
 from feedline.loader.epochs import batch_size_of, measure_loader
 

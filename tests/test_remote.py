@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_images
-from feedline.benchmarks.data.criteo import make_criteo
+from feedline.datagen.criteo import make_criteo
 from feedline.loader import RayWorkers
 
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'feedline[ray]')")

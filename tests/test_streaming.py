@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from feedline.benchmarks.data.criteo import make_criteo
+from feedline.datagen.criteo import make_criteo
 from feedline.loader import DataError, Loader
 from feedline.loader.sources import open_source
 from feedline.loader.sources import tsv as tsv_module
@@ -184,7 +184,7 @@ def test_shuffle_buffer_is_for_tables(days, image_dir):
 
 
 def test_convert_writes_a_table_that_reads_back_the_same_rows(tmp_path):
-    from feedline.loader.cli import main
+    from feedline.cli import main
 
     path = tmp_path / "day.tsv"
     make_criteo(path, 5000, seed=3)

@@ -13,9 +13,10 @@ import pytest
 import torch
 from PIL import Image
 
-from feedline.benchmarks.data.images import make_images
+from feedline.datagen.images import make_images
 from feedline.loader import DataError, Loader
-from feedline.loader import cli
+from feedline import cli
+from feedline.cli.arguments import existing_path
 from feedline.loader.sources import index_store, open_source
 from feedline.loader.sources import webdataset as wds_source
 from feedline.pipelines import image
@@ -307,6 +308,6 @@ def test_an_unwritable_folder_keeps_the_index_in_memory_and_says_so_once(tmp_pat
 
 def test_bench_and_plan_take_shard_patterns(made):
     _, out = made
-    assert cli._existing_path(str(out / PATTERN)) == str(out / PATTERN)
+    assert existing_path(str(out / PATTERN)) == str(out / PATTERN)
     with pytest.raises(argparse.ArgumentTypeError, match="matches no file"):
-        cli._existing_path(str(out / "val-*.tar"))
+        existing_path(str(out / "val-*.tar"))

@@ -1,1 +1,0 @@
-"""Deterministic synthetic data sets for feedline's benchmarks and tests."""

@@ -1,0 +1,6 @@
+"""``python -m feedline.cli``: the ``feedline`` command."""
+import sys
+
+from .command import main
+
+sys.exit(main())
