@@ -5,10 +5,16 @@ zlib directly rather than ``gzip.GzipFile``: output is asked for in pieces of at
 is linear. Files of several gzip members (``cat a.gz b.gz``) read as one stream, zero padding after the last
 member is allowed (as ``gzip`` allows it), and a file cut short, with a bad checksum or with other bytes after
 its last member raises :class:`GzipError`.
+
+A stream can be marked where it stands (:meth:`GzipStream.mark`: the decompressor's state, a copy of about
+10-40 KB, and the file offset of the input it has not taken yet) and a new stream started from a mark
+(:meth:`GzipStream.resume`), so going back to a point passed before costs the distance from the nearest mark,
+not a decompression from the top of the file.
 """
 from __future__ import annotations
 
 import zlib
+from typing import NamedTuple
 
 GZIP_MAGIC = b"\x1f\x8b"
 COMPRESSED_BLOCK = 1 << 18
@@ -18,8 +24,19 @@ class GzipError(ValueError):
     """The file is not a whole, readable gzip file; the message says why."""
 
 
+class Mark(NamedTuple):
+    """Where a stream stood: its decompressed position, the file offset of the compressed bytes it had not
+    given to its decompressor yet, that decompressor's state (None between members), and whether a member had
+    begun."""
+
+    position: int
+    offset: int
+    decompressor: object
+    started: bool
+
+
 class GzipStream:
-    def __init__(self, path: str):
+    def __init__(self, path: str, mark: Mark | None = None):
         self.path = path
         self.position = 0  # decompressed bytes handed out
         self._file = open(path, "rb")
@@ -27,6 +44,20 @@ class GzipStream:
         self._decompressor = None  # None between members
         self._started = False
         self._file_done = False
+        if mark is not None:
+            self._file.seek(mark.offset)
+            self.position, self._started = mark.position, mark.started
+            self._decompressor = None if mark.decompressor is None else mark.decompressor.copy()
+
+    def mark(self) -> Mark:
+        d = self._decompressor
+        return Mark(self.position, self._file.tell() - len(self._input), None if d is None else d.copy(),
+                    self._started)
+
+    @classmethod
+    def resume(cls, path: str, mark: Mark) -> GzipStream:
+        """A new stream of ``path`` that goes on from ``mark`` (the mark stays usable)."""
+        return cls(path, mark)
 
     def read(self, limit: int) -> bytes:
         """Up to ``limit`` (> 0) more bytes of the decompressed stream; ``b""`` at its end."""
@@ -38,8 +69,8 @@ class GzipStream:
                 d = self._decompressor
                 out = d.decompress(self._input, limit)
                 self._input = d.unconsumed_tail
-                if d.eof:
-                    self._input = d.unused_data + self._input
+                if d.eof:  # what follows the member; the tail may repeat it (CPython sets both at the end)
+                    self._input = d.unused_data
                     self._decompressor = None
                 if out:
                     self.position += len(out)

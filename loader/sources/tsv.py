@@ -14,19 +14,24 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import OrderedDict
 
 import numpy as np
 
 from ...pipelines.tabular import Column
 from . import index_store
 from .chunked import ChunkIndex, RowsChunk
-from .gzip_stream import GZIP_MAGIC, GzipError, GzipStream
+from .gzip_stream import GZIP_MAGIC, GzipError, GzipStream, Mark
 from .index_store import Fingerprint
 from .line_index import BLOCK_BYTES, LineScan, from_payload, is_long_line, long_line_reason, to_payload
 from .tabular import RowError
 from .text_parse import TSV, Layout, TextSyntax, parse_text
 
 log = logging.getLogger("feedline")
+MAX_MARKS = 256  # marks kept per gzip file being read (10-40 KB each): chunks of the last 256 MiB of text
+NEAR_BYTES = 4 << 20  # a chunk this close after a mark is read from the mark on a stream of its own
+STASH_BYTES = 32 << 20  # chunks passed over on the way to a later one, kept for the thread that asks next
+KEEP_CHUNK_BYTES = 4 << 20  # a passed chunk larger than this (a long line) is not kept
 INDEX_KIND = "lines"
 INDEX_VERSION = 2
 
@@ -67,20 +72,20 @@ class TsvFormat:
         gz = index.groups[chunk] >= 0
         if is_long_line(start, stop, rows):
             if gz:
-                self._cursor(path).read(start, stop, keep=False)
+                self._cursor(path, index).read(start, stop, keep=False)
             return _one_bad_row(self.parse(b"\n", 1), long_line_reason(start, stop))
         if gz:
-            before, data = self._cursor(path).read(start, stop)
+            before, data = self._cursor(path, index).read(start, stop)
         else:
             before, data = _pread(path, start, stop)
         _check_chunk(path, line, rows, last, before, data, stop - start)
         return self.parse(data, rows)
 
-    def _cursor(self, path: str) -> _GzipCursor:
+    def _cursor(self, path: str, index: ChunkIndex) -> _GzipCursor:
         with self._lock:
             cursor = self._cursors.get(path)
             if cursor is None:
-                cursor = self._cursors[path] = _GzipCursor(path)
+                cursor = self._cursors[path] = _GzipCursor(path, index.starts)
         return cursor
 
     def parse(self, data: bytes, rows: int) -> RowsChunk:
@@ -139,38 +144,113 @@ def _one_bad_row(chunk: RowsChunk, reason: str) -> RowsChunk:
 
 
 class _GzipCursor:
-    """One decompressor per gzip file, moving forward through its decompressed bytes in bounded pieces; asked
-    for bytes behind it, it starts again."""
+    """One gzip file's decompressed bytes, read by chunk. Threads reading one buffer-full start at different
+    chunks, so requests come out of order; none of them makes the file decompress again from its top (which
+    made an epoch quadratic):
 
-    def __init__(self, path: str):
+    - a main stream moves forward; the chunks it passes over on the way to a later one are kept (up to
+      ``STASH_BYTES``) for the thread that asks for them next, so passing costs no second decompression;
+    - at every chunk start it leaves a mark (``GzipStream.mark``), so a chunk behind it that is no longer kept is
+      read from its mark on a stream of its own (two threads then decompress different chunks at once);
+    - a chunk far from any mark (a new epoch) moves the main stream back to the nearest mark, or to the top."""
+
+    def __init__(self, path: str, starts: np.ndarray):
         self.path = path
-        self.lock = threading.Lock()
+        self.starts = starts  # the chunks' starts: where marks are left
+        self.lock = threading.Lock()  # the main stream's
         self.stream: GzipStream | None = None
-        self.last = b""  # the byte before the stream's position
+        self.last = b""  # the byte before the main stream's position
+        self.kept_lock = threading.Lock()  # the marks' and the kept chunks'
+        self.marks: OrderedDict[int, tuple[Mark, bytes]] = OrderedDict()  # position -> (mark, byte before it)
+        self.kept: OrderedDict[int, tuple[int, bytes, bytes]] = OrderedDict()  # start -> (stop, byte before, bytes)
+        self.kept_bytes = 0
 
     def read(self, start: int, stop: int, *, keep: bool = True) -> tuple[bytes, bytes]:
         """The byte before ``start`` and the bytes ``[start, stop)`` of the decompressed stream (fewer where it
         ends sooner); with ``keep=False`` the bytes are passed over, not kept."""
-        with self.lock:
-            try:
-                if self.stream is None or start < self.stream.position:
+        with self.kept_lock:
+            kept = self.kept.pop(start, None)
+            if kept is not None:
+                self.kept_bytes -= len(kept[2])
+        if kept is not None and kept[0] == stop:
+            return kept[1], kept[2] if keep else b""
+        try:
+            with self.lock:
+                mark = self._mark_before(start)
+                main = self.stream.position if self.stream is not None and self.stream.position <= start else None
+                if main is not None and (mark is None or mark[0].position <= main):
+                    return self._read(self.stream, start, stop, keep, main=True)
+                if mark is None or start - mark[0].position > NEAR_BYTES:
+                    # far from anything read lately (a new epoch): the main stream goes back, and reads on
                     if self.stream is not None:
                         self.stream.close()
-                    self.stream, self.last = GzipStream(self.path), b""
-                self._pass(start - self.stream.position, None)
-                before = self.last
-                pieces: list[bytes] = []
-                self._pass(stop - start, pieces if keep else None)
-                return before, b"".join(pieces)
-            except GzipError as e:
-                raise RowError(self.path, None, f"is not a readable gzip file: {e}") from None
+                    self.stream = GzipStream(self.path) if mark is None else GzipStream.resume(self.path, mark[0])
+                    self.last = b"" if mark is None else mark[1]
+                    return self._read(self.stream, start, stop, keep, main=True)
+            with GzipStream.resume(self.path, mark[0]) as stream:  # near a mark: a stream of its own
+                return self._read(stream, start, stop, keep, main=False, last=mark[1])
+        except GzipError as e:
+            raise RowError(self.path, None, f"is not a readable gzip file: {e}") from None
 
-    def _pass(self, count: int, into: list | None) -> None:
-        while count > 0:
-            block = self.stream.read(min(count, BLOCK_BYTES))
+    def _mark_before(self, position: int) -> tuple[Mark, bytes] | None:
+        with self.kept_lock:
+            best = max((p for p in self.marks if p <= position), default=None)
+            return None if best is None else self.marks[best]
+
+    def _read(self, stream: GzipStream, start: int, stop: int, keep: bool, *, main: bool,
+              last: bytes = b"") -> tuple[bytes, bytes]:
+        last = self.last if main else last
+        last = self._pass(stream, start, None, last)
+        before = last
+        pieces: list[bytes] = []
+        last = self._pass(stream, stop, pieces if keep else None, last)
+        if main:
+            self.last = last
+        return before, b"".join(pieces)
+
+    def _pass(self, stream: GzipStream, to: int, into: list | None, last: bytes) -> bytes:
+        """Read ``stream`` on to position ``to``, leaving a mark at every chunk start on the way and, when
+        ``into`` is None (passing over), keeping the whole chunks passed; the last byte."""
+        passing: tuple[int, bytes, list] | None = None  # a chunk being passed over: start, byte before, pieces
+        while stream.position < to:
+            position = stream.position
+            k = int(np.searchsorted(self.starts, position, side="right"))  # the next chunk start is starts[k]
+            if k and int(self.starts[k - 1]) == position:
+                if passing is not None:
+                    self._keep(passing, position)
+                passing = (position, last, []) if into is None else None
+                if position not in self.marks:
+                    with self.kept_lock:
+                        self.marks[position] = (stream.mark(), last)
+                        while len(self.marks) > MAX_MARKS:
+                            self.marks.popitem(last=False)
+            boundary = min(to, int(self.starts[k])) if k < self.starts.size else to
+            block = stream.read(min(boundary - position, BLOCK_BYTES))
             if not block:
-                return
-            count -= len(block)
-            self.last = block[-1:]
+                return last
+            last = block[-1:]
             if into is not None:
                 into.append(block)
+            elif passing is not None:
+                passing[2].append(block)
+                if sum(map(len, passing[2])) > KEEP_CHUNK_BYTES:  # a line too long to keep: passed, not kept
+                    passing = None
+        if passing is not None and _is_start(self.starts, stream.position):
+            self._keep(passing, stream.position)
+        return last
+
+    def _keep(self, passing: tuple[int, bytes, list], stop: int) -> None:
+        start, before, pieces = passing
+        data = b"".join(pieces)
+        with self.kept_lock:
+            if start not in self.kept:
+                self.kept[start] = (stop, before, data)
+                self.kept_bytes += len(data)
+            while self.kept_bytes > STASH_BYTES:
+                _, (_, _, dropped) = self.kept.popitem(last=False)
+                self.kept_bytes -= len(dropped)
+
+
+def _is_start(starts: np.ndarray, position: int) -> bool:
+    k = int(np.searchsorted(starts, position))
+    return k < starts.size and int(starts[k]) == position
