@@ -38,13 +38,23 @@ def shuffle_buffer_rows(pipeline: PipelineSpec, shuffle_buffer: int | None) -> i
 
 
 def on_error_of(pipeline: PipelineSpec, on_error: OnError | str | None) -> OnError:
-    """The policy for bad samples: the Loader's, which must agree with one the pipeline was defined with."""
-    declared = getattr(pipeline.source, "on_error", None)  # tabular sources validate rows when opened
+    """The policy for bad samples, said in one place: where the pipeline is defined or on the Loader (both only
+    if they agree). A table's files carry their own (``criteo(..., on_error=)``, ``TabularFiles(..., on_error=)``,
+    ``"raise"`` unless given there), since the source checks rows as it reads them."""
+    files = getattr(pipeline.source, "on_error", None)
+    defined = f"given where pipeline {pipeline.name!r} was defined (image.train, image.val or image.pipeline)"
+    tables = f"of the files of pipeline {pipeline.name!r} ('raise' unless given where they are declared)"
+    declared = [(v, place) for v, place in ((pipeline.on_error, defined), (files, tables)) if v is not None]
+    if len({v for v, _ in declared}) > 1:
+        raise ValueError(f"on_error={declared[0][0].value!r} {declared[0][1]} differs from "
+                         f"on_error={declared[1][0].value!r} {declared[1][1]}")
     if on_error is None:
-        return declared or OnError.RAISE
+        return declared[0][0] if declared else OnError.RAISE
     chosen = parse_on_error(on_error)
-    if declared is not None and declared is not chosen:
-        raise ValueError(f"on_error={chosen.value!r} differs from the {declared.value!r} that pipeline "
-                         f"{pipeline.name!r} was defined with; set it where the pipeline is defined "
-                         f"(e.g. criteo(..., on_error={chosen.value!r}))")
+    if declared and declared[0][0] is not chosen:
+        value, place = declared[0]
+        where = (f"a table's rows are checked as its files are read, so give it where they are declared: "
+                 f"criteo(..., on_error={chosen.value!r}) or TabularFiles(..., on_error={chosen.value!r})"
+                 if files is not None else "give it in one place, there or to the Loader")
+        raise ValueError(f"Loader(on_error={chosen.value!r}) differs from on_error={value.value!r} {place}; {where}")
     return chosen

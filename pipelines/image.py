@@ -36,6 +36,7 @@ from .imaging.random_resized_crop import RandomResizedCrop
 from .imaging.resize import Resize
 from .imaging.rotate import Rotate
 from .imaging.types import Dtype, ImageType
+from .on_error import OnError
 from .image_sources import FileList, ImageFolder, ImageList, ImageSource, WebDataset, image_source
 from .spec import PipelineSpec
 from .stage import CPU_ONLY, PlainStage
@@ -116,11 +117,13 @@ def custom(fn: Callable, *, backends: str | Sequence[str] = ("cpu", "gpu"), name
 
 
 def pipeline(data: str | os.PathLike | ImageSource, stages: Sequence[ImageStage], *,
-             name: str = "image") -> PipelineSpec:
+             name: str = "image", on_error: OnError | str | None = None) -> PipelineSpec:
     """The pipeline that reads ``data`` (a folder, a file list, webdataset shards, image paths in memory with
     or without labels, or their declarations; see ``image_source``) and applies ``stages`` in order. The first
     stage decodes; the last must leave every image one size. Each batch holds ``image`` (uint8 ``NHWC``, or
-    float32 ``NCHW`` after ``normalize``) and ``label`` (left out for images given without labels)."""
+    float32 ``NCHW`` after ``normalize``) and ``label`` (left out for images given without labels).
+    ``on_error`` (``"raise"`` or ``"skip"``): what a bad image does, here or on the Loader (None: the Loader's,
+    else raise); given in both places, they must agree."""
     source = image_source(data)
     stages = _named(_checked(stages))
     types = infer_types(stages)
@@ -129,7 +132,7 @@ def pipeline(data: str | os.PathLike | ImageSource, stages: Sequence[ImageStage]
                          f"which cannot form a batch; end with a stage that makes one size (random_resized_crop, "
                          f"resize((h, w)), center_crop)")
     outputs = OUTPUTS if "label" in source.produces else ("image",)  # images without labels: no label key
-    return PipelineSpec(name, source, (READ, *stages), outputs)
+    return PipelineSpec(name, source, (READ, *stages), outputs, on_error=on_error)
 
 
 def infer_types(stages: Sequence[ImageStage]) -> list[ImageType]:
@@ -199,26 +202,27 @@ def _tail(output: ImageOutput | str, normalization: Normalization) -> list[Image
 def train(data: str | os.PathLike | ImageSource, size: int = 224, *, scale: tuple[float, float] = (0.08, 1.0),
           ratio: tuple[float, float] = (3 / 4, 4 / 3), flip_prob: float = 0.5,
           output: ImageOutput | str = ImageOutput.FLOAT_NCHW,
-          normalize: Normalization = Normalization()) -> PipelineSpec:
+          normalize: Normalization = Normalization(), on_error: OnError | str | None = None) -> PipelineSpec:
     """Random resized crop (decoding only its window), horizontal flip, normalise: torchvision's ImageNet
-    training recipe."""
+    training recipe. ``on_error`` as in :func:`pipeline`."""
     if isinstance(flip_prob, bool) or not isinstance(flip_prob, (int, float)) or not 0.0 <= flip_prob <= 1.0:
         raise ValueError(f"flip_prob must be a number in [0, 1], got {flip_prob!r}")
     return pipeline(data, [decode(roi=True), random_resized_crop(_size("size", size), scale, ratio),
-                           horizontal_flip(flip_prob), *_tail(output, normalize)], name="image-train")
+                           horizontal_flip(flip_prob), *_tail(output, normalize)], name="image-train",
+                    on_error=on_error)
 
 
 def val(data: str | os.PathLike | ImageSource, size: int = 224, *, resize_size: int | None = None,
         output: ImageOutput | str = ImageOutput.FLOAT_NCHW,
-        normalize: Normalization = Normalization()) -> PipelineSpec:
+        normalize: Normalization = Normalization(), on_error: OnError | str | None = None) -> PipelineSpec:
     """Resize the shorter side to ``resize_size`` (default ``round(size * 256 / 224)``), centre crop, normalise.
-    A Loader reads it in listed order unless given ``shuffle=True``."""
+    A Loader reads it in listed order unless given ``shuffle=True``. ``on_error`` as in :func:`pipeline`."""
     size = _size("size", size)
     resize_size = round(size * 256 / 224) if resize_size is None else _size("resize_size", resize_size)
     if resize_size < size:
         raise ValueError(f"resize_size ({resize_size}) must be >= size ({size}) for a centre crop")
     spec = pipeline(data, [decode(), resize(resize_size), center_crop(size), *_tail(output, normalize)],
-                    name="image-val")
+                    name="image-val", on_error=on_error)
     return dataclasses.replace(spec, default_shuffle=False)  # evaluation reads in listed order
 
 

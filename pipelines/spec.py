@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .on_error import OnError, parse_on_error
 from .stage import Backend, Stage
 
 
@@ -19,11 +20,14 @@ class PipelineSpec:
     stages: tuple[Stage, ...]
     outputs: tuple[str, ...]
     default_shuffle: bool = True  # what a Loader given no ``shuffle`` does: False for evaluation pipelines
+    on_error: OnError | None = None  # bad samples, if the definition says (None: the Loader's, else raise)
 
     def __post_init__(self) -> None:
         if not isinstance(self.default_shuffle, bool):
             raise TypeError(f"pipeline {self.name!r}: default_shuffle must be True or False, "
                             f"got {self.default_shuffle!r}")
+        if self.on_error is not None:
+            object.__setattr__(self, "on_error", parse_on_error(self.on_error))
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"pipeline {self.name!r}: stage names repeat: {names}")
