@@ -426,3 +426,15 @@ def test_concatenated_gzip_files_read_as_one(tmp_path):
     loader = Loader(criteo(path), batch_size=1000, placement="cpu", seed=1, shuffle_buffer=4000)
     assert len(loader.source) == 29_000
     assert epoch(loader) == (list(range(29_000)), labels(lines))
+
+
+def test_gzip_files_read_in_turn_hold_the_marks_of_two_at_most(tmp_path):
+    paths = [make_criteo(tmp_path / f"day_{k}.tsv.gz", 12_000, seed=k)["path"] for k in range(4)]
+    lines = [line for p in paths for line in rows_of(p)]
+    loader = Loader(criteo(str(tmp_path / "day_*.tsv.gz")), batch_size=1000, placement="cpu", seed=3,
+                    shuffle_buffer=5000, num_threads=2)
+    for _ in range(2):  # the second epoch reads files whose cursors let go of everything
+        assert epoch(loader) == (list(range(48_000)), labels(lines))
+        cursors = list(loader.source.reader._cursors.values())
+        assert len(cursors) == 4
+        assert sum(bool(c.marks or c.kept or c.stream) for c in cursors) <= 2

@@ -28,10 +28,11 @@ from .tabular import RowError
 from .text_parse import TSV, Layout, TextSyntax, parse_text
 
 log = logging.getLogger("feedline")
-MAX_MARKS = 256  # marks kept per gzip file being read (10-40 KB each): chunks of the last 256 MiB of text
+MAX_MARKS = 64  # marks kept per gzip file being read (10-40 KB each): chunk starts of the last 64 MiB of text
 NEAR_BYTES = 4 << 20  # a chunk this close after a mark is read from the mark on a stream of its own
-STASH_BYTES = 32 << 20  # chunks passed over on the way to a later one, kept for the thread that asks next
+STASH_BYTES = 16 << 20  # chunks passed over on the way to a later one, kept for the thread that asks next
 KEEP_CHUNK_BYTES = 4 << 20  # a passed chunk larger than this (a long line) is not kept
+ACTIVE_CURSORS = 2  # gzip files whose marks and kept chunks are held: the one being read and the one before
 INDEX_KIND = "lines"
 INDEX_VERSION = 2
 
@@ -82,10 +83,16 @@ class TsvFormat:
         return self.parse(data, rows)
 
     def _cursor(self, path: str, index: ChunkIndex) -> _GzipCursor:
+        """The file's cursor; the cursors of files read less lately than the last ``ACTIVE_CURSORS`` let go of
+        what they hold (a gzip file is read front to back as one piece, so reading moves from file to file)."""
         with self._lock:
-            cursor = self._cursors.get(path)
+            cursor = self._cursors.pop(path, None)
             if cursor is None:
-                cursor = self._cursors[path] = _GzipCursor(path, index.starts)
+                cursor = _GzipCursor(path, index.starts)
+            self._cursors[path] = cursor  # the most lately used last
+            idle = list(self._cursors.values())[:-ACTIVE_CURSORS]
+        for old in idle:
+            old.release()
         return cursor
 
     def parse(self, data: bytes, rows: int) -> RowsChunk:
@@ -191,6 +198,16 @@ class _GzipCursor:
                 return self._read(stream, start, stop, keep, main=False, last=mark[1])
         except GzipError as e:
             raise RowError(self.path, None, f"is not a readable gzip file: {e}") from None
+
+    def release(self) -> None:
+        """Let go of the stream, the marks and the kept chunks (a later read starts again from the top)."""
+        with self.lock, self.kept_lock:
+            if self.stream is not None:
+                self.stream.close()
+            self.stream, self.last = None, b""
+            self.marks.clear()
+            self.kept.clear()
+            self.kept_bytes = 0
 
     def _mark_before(self, position: int) -> tuple[Mark, bytes] | None:
         with self.kept_lock:
