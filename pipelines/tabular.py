@@ -144,7 +144,9 @@ class TabularFiles:
     taken by name (in any order, others ignored; every file must have the same header); without it ``columns``
     are the fields of each line, in order. ``delimiter``: between fields (None: tab for TSV, comma for CSV).
     ``list_delimiter``: between the elements of an ``INT_LIST`` field (None: ``|``). Other formats take none
-    of these."""
+    of these. ``on_error``: ``"raise"`` (a ``DataError`` naming ``file:line``) or ``"skip"`` (the row delivered
+    as an invalid slot, ``valid`` False, and listed once in ``Loader.skipped``); a table takes it here, since
+    its rows are checked as the files are read (a Loader given another one says so)."""
 
     paths: tuple[str, ...]
     format: FileFormat
