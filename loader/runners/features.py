@@ -19,7 +19,7 @@ import select
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Iterator
 
 import numpy as np
@@ -132,6 +132,7 @@ class FeatureRunner:
         # (a wake-up is a system call made holding the GIL, and costly on virtual machines).
         self._depth = max(self.prefetch, self.num_threads) + self.num_threads
         self._ring = BufferRing(self._depth + self.prefetch + 4) if self.device.type == "cpu" else None
+        self._pool: ThreadPoolExecutor | None = None
 
     @property
     def skipped(self) -> list[Skipped]:
@@ -141,7 +142,7 @@ class FeatureRunner:
     def batches(self, plans: Iterator[BatchPlan]) -> Iterator[tuple[dict[str, Any], BatchInfo]]:
         plans = iter(plans)
         depth = self._depth
-        pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix=_THREAD_PREFIX)
+        pool = self._pool or ThreadPoolExecutor(self.num_threads, thread_name_prefix=_THREAD_PREFIX)
         pending: deque = deque()
         done = _Doorbell()
         try:
@@ -170,8 +171,19 @@ class FeatureRunner:
         finally:
             for _, future in pending:
                 future.cancel()
-            pool.shutdown(wait=_may_join(), cancel_futures=True)
+            if pool is not self._pool:
+                pool.shutdown(wait=_may_join(), cancel_futures=True)
+            elif _may_join():  # kept threads: the work already running ends with the stream
+                wait([future for _, future in pending])
             done.close()
+
+    def keep_threads(self) -> None:
+        """Keep the worker threads from one run of ``batches`` to the next, until ``close``. For a caller that runs
+        the runner once per short group of plans (remote workers, a local share of their groups): new threads
+        for every run start with cold scratch arrays and memory, a page fault at every first touch (hundreds
+        per batch)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix=_THREAD_PREFIX)
 
     # ---- the CPU part ---------------------------------------------------------------------------------
     def _layout(self, rows: int) -> tuple[_Layout, dict[str, tuple]]:
@@ -331,7 +343,9 @@ class FeatureRunner:
         return StageTimes(samples, seconds, per_sample, source_bytes)
 
     def close(self) -> None:
-        pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=_may_join(), cancel_futures=True)
+            self._pool = None
 
 
 def _nbytes(value) -> float:
