@@ -111,7 +111,8 @@ class Loader:
 
     def _runner_for(self, config: RunnerConfig) -> Runner:
         if self._remote_workers is not None:
-            return RemoteRunner(self.pipeline, self.source, config, self._remote_workers, self._local_runner)
+            return RemoteRunner(self.pipeline, self.source, config, self._remote_workers, self._local_runner,
+                                group_rows=self.shuffle_buffer)
         return self._local_runner(config)
 
     def _order(self, batch_size: int, seed: int, **kwargs):

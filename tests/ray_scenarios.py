@@ -102,6 +102,57 @@ def sockets_of_ray() -> list:
     return out
 
 
+TABLE = dict(batch_size=1024, placement="cpu", seed=5, shuffle_buffer=8192)  # buffer-fulls of 8 batches
+
+
+def tables(report: dict, folder: Path, workers) -> None:
+    """Streamed tables dealt a shuffle buffer-full at a time: equal to the local loader's batches (a TSV and a
+    converted table, two epochs), bad rows skipped, a resume mid buffer-full, a worker killed mid buffer-full."""
+    import ray
+
+    big = criteo(str(folder / "big.tsv"))
+    local = Loader(big, **TABLE)
+    report["table_local"] = epochs(local, 4)
+    report["table_converted_local"] = epochs(Loader(criteo(str(folder / "conv")), **TABLE))
+    for name, spec in (("tsv", big), ("converted", criteo(str(folder / "conv")))):
+        remote = Loader(spec, remote=workers, **TABLE)
+        report[f"table_{name}"] = epochs(remote)
+        report[f"table_{name}_remote_batches"] = remote._runner.remote_batches
+        if name == "tsv":
+            for batch in remote:  # a trainer may write to its batches without changing the next ones
+                batch["dense"].mul_(0)
+                batch["sparse"]["values"].mul_(0)
+            report["table_after_writes"] = epochs(remote, 1)
+            report["table_share"] = remote._runner.local_share
+        remote.close()
+
+    bad = criteo(str(folder / "bad.tsv"), on_error="skip")
+    local, remote = Loader(bad, **TABLE), Loader(bad, remote=workers, **TABLE)
+    report["table_skip"] = [epochs(local), epochs(remote), [s.where for s in local.skipped],
+                            [s.where for s in remote.skipped]]
+    remote.close()
+
+    first = Loader(big, remote=workers, **TABLE)  # resumed mid buffer-full: 11 batches are one and 3/8
+    it = iter(first)
+    head = [digest(next(it)) for _ in range(11)]
+    state = first.state_dict()
+    first.close()
+    second = Loader(big, remote=workers, **TABLE)
+    second.load_state_dict(state)
+    report["table_resumed"] = head + [digest(b) for b in second] + [digest(b) for b in second]
+    second.close()
+
+    killed = Loader(big, remote=workers, **TABLE)
+    it = iter(killed)
+    got = [digest(next(it))]
+    runner = killed._runner
+    pid_before, busy = runner.team[0].pid, runner.deal.working(0)  # groups the worker has not finished
+    ray.kill(runner.actors[0], no_restart=False)
+    got += [digest(b) for b in it] + [digest(b) for b in killed]
+    report["table_killed"] = [got, busy, pid_before, ray.get(runner.actors[0].pid.remote(), timeout=60)]
+    killed.close()
+
+
 def main(data: str, out: str) -> None:
     import ray
 
@@ -136,6 +187,8 @@ def main(data: str, out: str) -> None:
     with_remote.close()
 
     lap("images_and_criteo")
+    tables(report, Path(data, "tables"), workers)
+    lap("tables")
     # A worker killed mid-epoch: Ray restarts it and runs its plans again.
     killed = Loader(spec, batch_size=4, placement="cpu", seed=3, remote=workers)
     got, it = [], iter(killed)

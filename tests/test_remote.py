@@ -14,10 +14,14 @@ import pytest
 from conftest import write_images
 from feedline.datagen.criteo import make_criteo
 from feedline.loader import RayWorkers
+from feedline.loader.sources.convert import convert
+from feedline.pipelines.criteo import criteo
 
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'feedline[ray]')")
 
 SCENARIOS = Path(__file__).with_name("ray_scenarios.py")
+TABLE_ROWS = 30_000
+BAD_LINES = (7, 9_000, 22_222)
 
 
 def _namespace_prefix() -> list[str]:
@@ -41,12 +45,21 @@ def report(tmp_path_factory):
     bad = write_images(data / "bad_images", 14, classes=2, seed=5)
     bad[6].write_bytes(b"this is not an image")
     make_criteo(data / "criteo.tsv", rows=3000, seed=0)
+    tables = data / "tables"
+    tables.mkdir()
+    make_criteo(tables / "big.tsv", rows=TABLE_ROWS, seed=4)  # 7 chunks of text, buffer-fulls of 2
+    convert(criteo(str(tables / "big.tsv")).source, tables / "conv")
+    lines = (tables / "big.tsv").read_text().splitlines(keepends=True)
+    for line in BAD_LINES:
+        lines[line - 1] = "x" + lines[line - 1]  # the label is no longer a number
+    (tables / "bad.tsv").write_text("".join(lines))
     out = data / "report.json"
     script = f'ip link set lo up 2>/dev/null || ifconfig lo up; exec "$0" "$1" "$2" "$3"'
     run = subprocess.run([*prefix, "sh", "-c", script, sys.executable, str(SCENARIOS), str(data), str(out)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
     report = json.loads(out.read_text())
+    report["data"] = str(data)
     report["bad_index"] = sorted(str(p) for p in (data / "bad_images").rglob("*.jpg")).index(str(bad[6]))
     report["bad_path"] = str(bad[6])
     report["image_files"] = sorted(str(p) for p in (data / "images").rglob("*.jpg"))  # in the source's order
@@ -66,6 +79,35 @@ def test_writing_to_a_batch_changes_no_other(report):
 def test_criteo_batches_equal_the_local_loaders(report):
     assert report["criteo_remote"] == report["criteo_local"]
     assert len(report["criteo_local"]) == 2 * 12  # 3000 rows, batches of 256
+
+
+def test_table_batches_equal_the_local_loaders_when_workers_make_whole_buffer_fulls(report):
+    for name, local in (("tsv", report["table_local"][:60]), ("converted", report["table_converted_local"])):
+        assert len(local) == 2 * 30  # 30,000 rows, batches of 1024, two epochs
+        assert report[f"table_{name}"] == local, name
+        assert 0 < report[f"table_{name}_remote_batches"] < 60, name  # both sides made buffer-fulls
+
+
+def test_writing_to_a_table_batch_changes_no_other(report):
+    assert report["table_after_writes"] == report["table_local"][90:]
+
+
+def test_bad_rows_are_invalid_slots_and_listed_once_with_remote_workers(report):
+    local, remote, local_listed, remote_listed = report["table_skip"]
+    assert remote == local
+    path = str(Path(report["data"], "tables", "bad.tsv"))
+    assert sorted(remote_listed) == sorted(local_listed) == sorted(f"{path}:{line}" for line in BAD_LINES)
+
+
+def test_a_table_resumes_mid_buffer_full_with_remote_workers(report):
+    assert report["table_resumed"] == report["table_local"][:60]
+
+
+def test_a_worker_killed_mid_buffer_full_is_restarted_and_nothing_is_lost_or_repeated(report):
+    got, busy, before, after = report["table_killed"]
+    assert busy > 0  # it had buffer-fulls to make when it was killed
+    assert before != after
+    assert got == report["table_local"][:60]
 
 
 def test_a_worker_killed_mid_epoch_loses_and_repeats_nothing(report):

@@ -32,7 +32,9 @@ def main(data: str, out: str) -> None:
     report = {}
     for name, spec, kwargs in (
             ("images", image.val(data / "images", size=32), {"batch_size": 4, "on_error": "skip"}),
-            ("criteo", criteo(data / "criteo.tsv", table_sizes=1000), {"batch_size": 64, "last_batch": "partial"})):
+            # Buffer-fulls of two batches: a table's are dealt whole, the first to the local side.
+            ("criteo", criteo(data / "criteo.tsv", table_sizes=1000), {"batch_size": 64, "last_batch": "partial",
+                                                                         "shuffle_buffer": 128})):
         loader = Loader(spec, placement="cpu", remote=workers, **kwargs)
         report[name] = epoch(loader)
         report[name]["remote_batches"] = loader._runner.remote_batches

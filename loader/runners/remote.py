@@ -1,22 +1,30 @@
 """Remote CPU workers on Ray: batches made by Ray actors on other machines' cores, beside the local threads.
 
 Each worker is a Ray actor (``remote_workers.Maker``) holding its own runner of the pipeline's CPU placement (it
-opens the source itself, so the files must be where the workers can read them). Plans are dealt out in a fixed
-pattern: the local runner takes ``num_threads`` of every ``num_threads + num_workers * cpus_per_worker`` plans,
-each worker ``cpus_per_worker``; results are taken back in plan order, a few per worker in flight (Ray's object
-store carries them; backpressure is that window). Every plan makes its own batch (``isolated_plans``), so where
-a plan was made does not change the batch: batches equal the local loader's, bit for bit, for the same seed
-(with ``on_error="skip"``, a skipped sample's slot is padding in its own batch rather than filled from the next
-plan's samples).
+opens the source itself, so the files must be where the workers can read them). Plans are dealt out in groups
+(``remote_deal``): an image plan is a group of its own; a streamed table's group is every plan of one shuffle
+buffer-full (``group_rows``), so each side reads and parses only the chunks of the buffer-fulls it makes, and a
+worker returns a buffer-full's batches in one object (Ray's fixed cost per object, paid largely on the
+trainer's machine, is then paid once per buffer-full rather than once per batch). The local side takes the
+share of groups that balances what each side was measured to cost (a table's local groups are made on a
+thread of their own, ``remote_local``, and timed there; images keep the local threads' share of the cores).
+Where the batch size does not divide the buffer-full, a batch straddles two of them and whoever makes it reads
+both: each side is then dealt ``STRADDLE_RUNS`` consecutive buffer-fulls at a time, reading one more for that
+many. Results are taken back in plan order; each side has a few groups to make at once, and the groups dealt
+ahead of the trainer are bounded by a window counted in plans (Ray's object store carries the workers'; that
+window is the backpressure). Every plan makes its own batch (``isolated_plans``), so where a plan was made does
+not change the batch: batches equal the local loader's, bit for bit, for the same seed (with
+``on_error="skip"``, a skipped image's slot is padding in its own batch rather than filled from the next plan's
+samples; a table's bad row is an invalid slot in its place either way).
 
-Failures are bounded. Ray restarts a worker whose process dies (``max_restarts=-1``) and sends the plans it
+Failures are bounded. Ray restarts a worker whose process dies (``max_restarts=-1``) and sends the groups it
 lost again, each at most ``MAX_PLAN_RETRIES`` times (``max_task_retries``): a batch is a pure function of its
-plan, so nothing is lost or repeated; a plan that kills its worker every time ends in a ``RemoteWorkerError``
+plan, so nothing is lost or repeated; a group that kills its worker every time ends in a ``RemoteWorkerError``
 naming its samples and the failure. Every wait on Ray is bounded: a batch late by
 ``RayWorkers.stall_warning_s`` is logged (logger ``feedline``, WARNING, naming the worker and the plan) and
-again at that interval; one late by ``batch_timeout_s`` restarts its worker and raises TimeoutError; workers
-that cannot start within ``start_timeout_s`` raise TimeoutError. The Loaders of a process share their actors
-(``remote_workers``).
+again at that interval; one late by ``batch_timeout_s`` restarts its worker and raises TimeoutError (a table's
+batches arrive a buffer-full at a time: the wait is for the buffer-full); workers that cannot start within
+``start_timeout_s`` raise TimeoutError. The Loaders of a process share their actors (``remote_workers``).
 """
 from __future__ import annotations
 
@@ -29,7 +37,7 @@ import time
 import uuid
 import warnings
 import weakref
-from collections import deque
+from concurrent import futures
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -41,11 +49,16 @@ from ..errors import Skipped
 from ..sampler import BatchPlan
 from . import remote_workers
 from .contract import BatchInfo, Runner, RunnerConfig, StageTimes
+from .features import MAX_PREFETCH
+from .remote_deal import Deal, DealCosts, Job
+from .remote_local import LocalJob, LocalMaker
 from .remote_workers import Shape, Worker, as_arrays
 
 log = logging.getLogger("feedline")
 
-IN_FLIGHT_PER_WORKER = 2
+IN_FLIGHT_PER_WORKER = 2  # groups a worker may have to make at once (sent, not yet done), per CPU
+LOCAL_IN_FLIGHT = 2  # groups of a table the local side may have to make at once
+STRADDLE_RUNS = 2  # consecutive buffer-fulls dealt to one side where batches straddle them
 MAX_PLAN_RETRIES = remote_workers.MAX_PLAN_RETRIES
 START_TIMEOUT_S = 300.0   # for the workers to start and open the source
 BATCH_TIMEOUT_S = 600.0   # for one remote batch, from when the trainer's side waits for it
@@ -149,42 +162,51 @@ def available_workers(ray, workers: RayWorkers) -> int:
     return int(min(elsewhere // workers.cpus_per_worker, free // workers.cpus_per_worker + shared))
 
 
-def object_store_seconds(ray, batch: dict, device: torch.device, repeats: int = 5) -> tuple[float, float]:
-    """What a remote batch like ``batch`` costs on each side, the medians of ``repeats``: putting it into Ray's
-    object store (a worker's task return is serialised the same way), and taking it out as tensors on
-    ``device`` (the trainer's side). Both happen in this process, so a cross-machine transfer, which Ray
-    overlaps with the worker's next batch, is in neither."""
-    arrays = as_arrays(batch)
+def object_store_seconds(ray, batch: dict, device: torch.device, repeats: int = 5, per_object: int = 1
+                         ) -> tuple[float, float]:
+    """What a remote batch like ``batch`` costs on each side, per batch, the medians of ``repeats``: putting it
+    into Ray's object store (a worker's task return is serialised the same way), and taking it out as tensors
+    on ``device`` (the trainer's side), ``per_object`` batches to an object as the workers return them
+    (``batches_per_group``). Both happen in this process, so a cross-machine transfer, which Ray overlaps with
+    the worker's next batches, is in neither."""
+    arrays = [as_arrays(batch)] * per_object
     put, take = [], []
     for _ in range(repeats):
         started = time.perf_counter()
         ref = ray.put(arrays)
         stored = time.perf_counter()
-        _to_torch(ray.get(ref, timeout=_GET_TIMEOUT_S), device)
-        put.append(stored - started)
-        take.append(time.perf_counter() - stored)
+        for each in ray.get(ref, timeout=_GET_TIMEOUT_S):
+            _to_torch(each, device)
+        put.append((stored - started) / per_object)
+        take.append((time.perf_counter() - stored) / per_object)
         del ref
     return statistics.median(put), statistics.median(take)
 
 
-@dataclass(frozen=True)
-class _Job:
-    """A plan sent to a worker (``worker``: its place in the runner's team)."""
-
-    plan: BatchPlan
-    worker: int
-    future: Any
+def batches_per_group(group_rows: int | None, batch_size: int) -> int:
+    """Plans in one group of the deal: one buffer-full's (``group_rows``; None: every plan alone)."""
+    return 1 if group_rows is None else max(-(-group_rows // batch_size), 1)
 
 
 class RemoteRunner:
     """The Runner contract over a local runner and Ray actors (the CPU placement only)."""
 
-    def __init__(self, spec: PipelineSpec, source, config: RunnerConfig, workers: RayWorkers, make_local):
+    def __init__(self, spec: PipelineSpec, source, config: RunnerConfig, workers: RayWorkers, make_local, *,
+                 group_rows: int | None = None):
+        if group_rows is not None and (isinstance(group_rows, bool) or not isinstance(group_rows, int)
+                                       or group_rows < 1):
+            raise ValueError(f"group_rows must be a positive number of rows (a shuffle buffer-full) or None, "
+                             f"got {group_rows!r}")
         self.ray = connect(workers)
         self.workers = workers
         self.source = source
+        self.group_rows = group_rows
+        self.group_plans = batches_per_group(group_rows, config.batch_size)
         config = dataclasses.replace(config, isolated_plans=True)
-        worker_config = dataclasses.replace(config, num_threads=workers.cpus_per_worker, prefetch=1)
+        # A worker's runner queues a whole group at once, and its output buffers stay taken until the group's
+        # results have been copied into the object store: its prefetch (and so its ring) covers a group.
+        worker_config = dataclasses.replace(config, num_threads=workers.cpus_per_worker,
+                                            prefetch=min(self.group_plans, MAX_PREFETCH))
         # A table's cache holds what the Loader's does: a plan's rows come from a whole shuffle buffer.
         cache_rows = getattr(source, "requested_cache_rows", 0)
         self.key = uuid.uuid4().hex  # this runner's pipeline on the (shared) workers
@@ -195,15 +217,23 @@ class RemoteRunner:
         self._release = weakref.finalize(self, _release, self.ray, workers.shape, self.key)
         try:
             self._load(workers)
-            self.local: Runner = make_local(config)
+            # A table's local groups are made ahead of the trainer, LOCAL_IN_FLIGHT at most: the local runner's
+            # output buffers (kept in rotation, as many as its prefetch allows) cover them.
+            self.local: Runner = make_local(config if self.group_plans == 1 else dataclasses.replace(
+                config, prefetch=max(config.prefetch, min(self.group_plans, MAX_PREFETCH))))
+            keep_threads = getattr(self.local, "keep_threads", None)
+            if self.group_plans > 1 and callable(keep_threads):  # run once per group, or run of groups
+                keep_threads()
         except BaseException:
             self._release()
             raise
-        # Who makes plan i: local slots for the local threads, then each worker's CPUs.
-        self.pattern = [None] * config.num_threads + [i for i in range(len(self.team))
-                                                      for _ in range(workers.cpus_per_worker)]
+        # Where batches straddle buffer-fulls, each side is dealt runs of them.
+        self.runs = 1 if group_rows is None or group_rows % config.batch_size == 0 else STRADDLE_RUNS
+        self.in_flight = [IN_FLIGHT_PER_WORKER * workers.cpus_per_worker] * len(self.team)
+        self.costs = DealCosts(config.num_threads, len(self.team), workers.cpus_per_worker)
         self.device = config.device
-        self.window = IN_FLIGHT_PER_WORKER * len(self.pattern)  # plans dealt ahead of the one delivered next
+        # Plans dealt ahead of the one delivered next: what the workers may hold, and the local side's groups.
+        self.window = (sum(self.in_flight) + LOCAL_IN_FLIGHT) * self.runs * self.group_plans
         self.skipped: list[Skipped] = []
         # A table's bad rows are listed by every process that reads their chunk: each (where, index) goes in once.
         self._listed: set[tuple[str, int]] = set()
@@ -212,6 +242,7 @@ class RemoteRunner:
         self.wait_seconds = 0.0       # waiting for a worker's batch to be made and to arrive
         self.transfer_seconds = 0.0   # taking an arrived batch out of the object store, as tensors
         self.remote_seconds = 0.0     # the workers' own time making their batches
+        self.deal: Deal | None = None
 
     def _load(self, workers: RayWorkers) -> None:
         """Open the pipeline on every worker, so that the time goes to the start rather than to the first
@@ -224,52 +255,95 @@ class RemoteRunner:
             raise TimeoutError(f"{len(waiting)} of {len(pending)} Ray workers did not open the pipeline's "
                                f"source within {workers.start_timeout_s:g} s (RayWorkers.start_timeout_s)")
 
+    def group_of(self, plan: BatchPlan) -> tuple[int, int] | None:
+        """The deal's group of ``plan``: its epoch and shuffle buffer-full (by its first position); None: alone."""
+        return None if self.group_rows is None else (plan.epoch, plan.start // self.group_rows)
+
+    @property
+    def local_share(self) -> float:
+        """The share of groups made locally now (see ``remote_deal``)."""
+        return self.costs.share()
+
     def batches(self, plans: Iterator[BatchPlan]) -> Iterator[tuple[dict, BatchInfo]]:
-        deal = _Deal(plans, self.pattern, self._send)
-        local = self.local.batches(deal.local_plans())
+        # A table's local groups are made on a thread of their own (and timed); images stream through the local
+        # runner as before, in the share of its threads.
+        maker = LocalMaker(self.local, self.costs.local_group) if self.group_plans > 1 else None
+        deal = Deal(plans, self.group_of, self.costs.share, self._send, self.in_flight,
+                    keep=maker.add if maker is not None else None,
+                    local_unfinished=LOCAL_IN_FLIGHT if maker is not None else None, runs=self.runs)
+        self.deal = deal  # the deal of the stream running now (what each side has to make: ``deal.working``)
+        local = self.local.batches(deal.local_plans()) if maker is None else None
         try:
             while True:
                 while len(deal.order) < self.window and deal.pull():
                     pass
                 if not deal.order:
                     return
-                job = deal.order.popleft()
-                if job is None:
+                entry = deal.order.popleft()
+                if entry is None:
                     batch, info = next(local)
-                    self._note(self.local.skipped[self._local_noted:])
-                    self._local_noted = len(self.local.skipped)
+                    self._note_local()
                     yield batch, info
                     continue
-                batch, info, skipped = self._take(job)
+                job, k = entry
+                if isinstance(job, LocalJob):
+                    batch, info = maker.take(job, k)
+                    skipped = ()
+                else:
+                    batch, info, skipped = self._take(job, k)
+                    info = BatchInfo(*info[:4])
+                self._note_local()
                 self._note([Skipped(*s) for s in skipped])
-                yield batch, BatchInfo(*info[:4])
+                yield batch, info
         finally:
-            local.close()
-            for job in deal.order:
-                if job is not None:
-                    self._cancel(job.future)
+            if local is not None:
+                local.close()
+            if maker is not None:
+                maker.close()
+            # Groups sent ahead are left to finish, not cancelled: cancelling an actor's task that is still
+            # queued on this side can leave a gap in the actor's task sequence, on which Ray makes its later
+            # tasks wait (30 s) before giving up on it.
 
-    def _send(self, worker: int, plan: BatchPlan) -> Any:
-        return self.team[worker].actor.make.remote(self.key, self._box, plan)
+    def _send(self, worker: int, plans: list[BatchPlan]) -> Job:
+        ref = self.team[worker].actor.make_many.remote(self.key, self._box, plans)
+        job = Job(tuple(plans), worker, ref, ref.future(), time.perf_counter())
+        job.future.add_done_callback(lambda _, job=job: setattr(job, "done", time.perf_counter()))
+        return job
 
-    def _take(self, job: _Job) -> tuple[dict, tuple, list]:
-        """The job's batch as tensors, waited for at most ``batch_timeout_s`` (Ray's retries included)."""
+    def _take(self, job: Job, k: int) -> tuple[dict, tuple, list]:
+        """The job's ``k``-th batch as tensors; its group's results are waited for at most ``batch_timeout_s``
+        (Ray's retries included) when its first batch is due."""
         started = time.perf_counter()
-        self._wait(job)
-        ready = time.perf_counter()
-        try:
-            arrays, info, skipped, pid = self.ray.get(job.future, timeout=_GET_TIMEOUT_S)
-        except _worker_failures(self.ray) as e:
-            raise self._failure(job, e) from None
+        if job.results is None:
+            self._wait(job)
+            ready = time.perf_counter()
+            try:
+                job.results = job.future.result(timeout=_GET_TIMEOUT_S)
+            except _worker_failures(self.ray) as e:
+                raise self._failure(job, e) from None
+            job.future = None  # (it holds the results too)
+            if len(job.results) != len(job.plans):
+                raise RuntimeError(f"{self._worker(job.worker)} returned {len(job.results)} batches for "
+                                   f"{len(job.plans)} plans ({describe_plans(job.plans, self.source)})")
+            self.costs.worker_group(job.worker, len(job.plans), job.sent, job.done or ready)
+            self.wait_seconds += ready - started
+            started = ready
+        arrays, info, skipped, pid = job.results[k]
+        job.results[k] = None  # the trainer's tensors alone hold the batch from now on
         batch = _to_torch(arrays, self.device)
         self.team[job.worker].pid = pid
-        self.wait_seconds += ready - started
-        self.transfer_seconds += time.perf_counter() - ready
+        taken = time.perf_counter() - started
+        self.costs.received(taken)
+        self.transfer_seconds += taken
         self.remote_seconds += info[4]
         self.remote_batches += 1
         return batch, info, skipped
 
-    def _wait(self, job: _Job) -> None:
+    def _note_local(self) -> None:
+        self._note(self.local.skipped[self._local_noted:])
+        self._local_noted = len(self.local.skipped)
+
+    def _wait(self, job: Job) -> None:
         """Until the job's result (or its failure) is here: logged each ``stall_warning_s`` it is late, a
         TimeoutError after ``batch_timeout_s``."""
         limit, every = self.workers.batch_timeout_s, self.workers.stall_warning_s
@@ -279,40 +353,40 @@ class RemoteRunner:
             waited = time.monotonic() - began
             if waited >= limit:
                 self._stalled(job, waited)
-            ready, _ = self.ray.wait([job.future], timeout=max(min(warn_at, limit) - waited, 0.0), fetch_local=True)
-            if ready:
+            done, _ = futures.wait([job.future], timeout=max(min(warn_at, limit) - waited, 0.0))
+            if done:
                 return
             waited = time.monotonic() - began
             if warn_at <= waited < limit:
                 log.warning("feedline: %s has not returned %s for %.1f s; the Loader gives up at %g s "
                             "(RayWorkers.batch_timeout_s)", self._worker(job.worker),
-                            describe_plan(job.plan, self.source), waited, limit)
+                            describe_plans(job.plans, self.source), waited, limit)
                 warn_at += every
 
-    def _stalled(self, job: _Job, waited: float) -> None:
+    def _stalled(self, job: Job, waited: float) -> None:
         """A batch past the hard limit: restart its worker (so that it holds no other Loader either; the plan,
         cancelled first, is not sent again) and raise."""
         worker = self._worker(job.worker)
-        self._cancel(job.future)
+        self._cancel(job.ref)
         try:
             self.ray.kill(self.team[job.worker].actor, no_restart=False)
         except Exception:
             pass
-        raise TimeoutError(f"{worker} did not return {describe_plan(job.plan, self.source)} within "
+        raise TimeoutError(f"{worker} did not return {describe_plans(job.plans, self.source)} within "
                            f"{waited:.0f} s (RayWorkers.batch_timeout_s={self.workers.batch_timeout_s:g}); the "
                            f"worker was restarted")
 
-    def _failure(self, job: _Job, error: Exception) -> RemoteWorkerError:
+    def _failure(self, job: Job, error: Exception) -> RemoteWorkerError:
         """The job's worker died making it, and again each time Ray sent it again (or its result was lost)."""
         text = " ".join(str(error).split())
         if isinstance(error, self.ray.exceptions.ObjectLostError):
             return RemoteWorkerError(f"the batch that {self._worker(job.worker)} made from "
-                                     f"{describe_plan(job.plan, self.source)} was lost before it was taken (its "
+                                     f"{describe_plans(job.plans, self.source)} was lost before it was taken (its "
                                      f"machine or the trainer's store failed). Ray's error: {type(error).__name__}: "
                                      f"{text[:600]}")
         return RemoteWorkerError(
-            f"{self._worker(job.worker)} failed making {describe_plan(job.plan, self.source)}: Ray restarts a "
-            f"worker whose process ends and sends it the plan again, at most MAX_PLAN_RETRIES={MAX_PLAN_RETRIES} "
+            f"{self._worker(job.worker)} failed making {describe_plans(job.plans, self.source)}: Ray restarts a "
+            f"worker whose process ends and sends it the plans again, at most MAX_PLAN_RETRIES={MAX_PLAN_RETRIES} "
             f"times, and it failed each time (a plan that crashes its worker, e.g. a segmentation fault in "
             f"native code, or the out-of-memory killer; the Ray logs on {self.team[job.worker].node_ip} name the "
             f"cause). Ray's error: {type(error).__name__}: {text[:600]}")
@@ -359,10 +433,20 @@ def _worker_failures(ray) -> tuple[type[Exception], ...]:
 
 def describe_plan(plan: BatchPlan, source, shown: int = 3) -> str:
     """``batch 4 of epoch 1 (samples 17, 3, 9 and 61 more: a.jpg, b.jpg, c.jpg, ...)``: where a plan's samples are."""
-    indices = [int(i) for i in plan.indices[plan.valid]]
+    return describe_plans((plan,), source, shown)
+
+
+def describe_plans(plans, source, shown: int = 3) -> str:
+    """As ``describe_plan``, for a group of consecutive plans: ``batches 8 to 15 of epoch 0 (samples ...)``."""
+    plans = list(plans)
+    indices = [int(i) for plan in plans for i in plan.indices[plan.valid]]
     first = indices[:shown]
     more = f" and {len(indices) - shown} more" if len(indices) > shown else ""
-    text = f"batch {plan.batch} of epoch {plan.epoch} (samples {', '.join(map(str, first))}{more}"
+    head, tail = plans[0], plans[-1]
+    which = f"batch {head.batch} of epoch {head.epoch}" if len(plans) == 1 else \
+        f"batches {head.batch} to {tail.batch} of epoch {head.epoch}" if head.epoch == tail.epoch else \
+        f"batches {head.batch} of epoch {head.epoch} to {tail.batch} of epoch {tail.epoch}"
+    text = f"{which} (samples {', '.join(map(str, first))}{more}"
     where = getattr(source, "where", None)
     if callable(where) and first:
         try:
@@ -370,40 +454,6 @@ def describe_plan(plan: BatchPlan, source, shown: int = 3) -> str:
         except Exception:  # naming is best effort: the error being reported matters more
             pass
     return text + ")"
-
-
-class _Deal:
-    """Deals the plans out in the pattern, lazily: ``order`` holds, for each plan dealt, None (made locally)
-    or the job sent to a worker; ``local_plans()`` feeds the local runner its share, dealing further when it
-    asks ahead of what was dealt."""
-
-    def __init__(self, plans: Iterator[BatchPlan], pattern: list, send):
-        self.plans = iter(plans)
-        self.pattern = pattern
-        self.send = send
-        self.dealt = 0
-        self.order: deque = deque()
-        self.local: deque[BatchPlan] = deque()
-
-    def pull(self) -> bool:
-        plan = next(self.plans, None)
-        if plan is None:
-            return False
-        worker = self.pattern[self.dealt % len(self.pattern)]
-        self.dealt += 1
-        if worker is None:
-            self.local.append(plan)
-            self.order.append(None)
-        else:
-            self.order.append(_Job(plan, worker, self.send(worker, plan)))
-        return True
-
-    def local_plans(self) -> Iterator[BatchPlan]:
-        while True:
-            while not self.local:
-                if not self.pull():
-                    return
-            yield self.local.popleft()
 
 
 def _to_torch(value, device: torch.device):

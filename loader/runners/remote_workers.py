@@ -1,9 +1,10 @@
 """The Ray actors that make remote batches, and the pool that shares them between the Loaders of a process.
 
 A worker (``Maker``) is a Ray actor of ``cpus_per_worker`` CPUs. It hosts any number of pipelines, each under
-the key of the runner that uses it (a train and a val pipeline, say), and makes one plan's batch at a time.
+the key of the runner that uses it (a train and a val pipeline, say), and makes one group of plans at a time
+(one plan of images; every plan of a table's shuffle buffer-full), returning the group's batches together.
 A runner sends its pipeline (declaration, CPU placement, cache size) once into Ray's object store and passes
-the reference with every plan, so a worker that Ray restarted after a crash opens the pipeline again on its
+the reference with every group, so a worker that Ray restarted after a crash opens the pipeline again on its
 own the first time it is asked for a batch of it.
 
 The pool keys actors by the Ray session and the workers' shape (address, CPUs per worker, cores): every
@@ -144,7 +145,7 @@ class _Hosted:
 
 
 class Maker:
-    """The Ray actor: runners of the CPU placement of any number of pipelines, one plan's batch at a time."""
+    """The Ray actor: runners of the CPU placement of any number of pipelines, one group of plans at a time."""
 
     def __init__(self, cores: tuple[int, ...] | None):
         if cores is not None:
@@ -171,18 +172,33 @@ class Maker:
 
             spec, config, cache_rows = ray.get(box[0])
             source = open_source(spec.source, cache_rows=cache_rows)
-            self.hosted[key] = _Hosted(source, make_runner(spec, source, config))
+            runner = make_runner(spec, source, config)
+            keep_threads = getattr(runner, "keep_threads", None)  # a table runner's, run once per group
+            if callable(keep_threads):
+                keep_threads()
+            self.hosted[key] = _Hosted(source, runner)
         return os.getpid()
 
-    def make(self, key: str, box: list, plan: BatchPlan) -> tuple[dict, tuple, list, int]:
+    def make_many(self, key: str, box: list, plans: list[BatchPlan]) -> list[tuple[dict, tuple, list, int]]:
+        """The batches of ``plans`` (consecutive plans, e.g. one shuffle buffer-full of a table, whose chunks this
+        worker then reads alone), returned together as one object: for each, (arrays, (epoch, end, last,
+        skipped, seconds making it), the bad samples first met making it, this process's id). The runner's
+        output buffers stay taken while the list holds them, until Ray has copied it into the object store, so
+        none is written again before then."""
         self.load(key, box)
         hosted = self.hosted[key]
+        out = []
         started = time.perf_counter()
-        (batch, info), = hosted.runner.batches(iter([plan]))  # run to the stream's end: its pipeline is reset
-        skipped = [dataclasses.astuple(s) for s in hosted.runner.skipped[hosted.reported:]]
-        hosted.reported = len(hosted.runner.skipped)
-        return as_arrays(batch), (info.epoch, info.end, info.last, info.skipped, time.perf_counter() - started), \
-            skipped, os.getpid()
+        for batch, info in hosted.runner.batches(iter(plans)):  # run to the stream's end: its pipeline is reset
+            made = time.perf_counter()
+            skipped = [dataclasses.astuple(s) for s in hosted.runner.skipped[hosted.reported:]]
+            hosted.reported = len(hosted.runner.skipped)
+            out.append((as_arrays(batch), (info.epoch, info.end, info.last, info.skipped, made - started), skipped,
+                        os.getpid()))
+            started = made
+        if len(out) != len(plans):
+            raise RuntimeError(f"the worker's runner made {len(out)} batches of {len(plans)} plans")
+        return out
 
     def forget(self, key: str) -> None:
         self.forgotten.add(key)
