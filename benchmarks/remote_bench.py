@@ -58,9 +58,9 @@ def bench_remote(spec: PipelineSpec, *, batch_size: int, remote_workers: int, cp
                          remote=workers),
     }
     # Untimed at the start of a turn: what a loader made ahead while it waited (its prefetch queue, and the
-    # workers' batches dealt ahead).
-    untimed = max(c.prefetch + getattr(c._runner, "window", 0) for c in contenders.values())
-    per_round = max(batches // rounds, 4 * untimed)
+    # batches dealt ahead: a window that doubles where the workers are slow, see RemoteRunner._slow_workers).
+    untimed = max(c.prefetch + 2 * getattr(c._runner, "window", 0) for c in contenders.values())
+    per_round = max(batches // rounds, 2 * untimed)
     phases = 1 if step is None else 2
     total = 2 * (warmup + phases * rounds * (untimed + per_round))
     first_batch_s = {}
@@ -89,7 +89,7 @@ def bench_remote(spec: PipelineSpec, *, batch_size: int, remote_workers: int, cp
             stream.close()
     made = max(runner.remote_batches, 1)
     make_s, receive_s = runner.remote_seconds / made, runner.transfer_seconds / made
-    serialize_s, _ = object_store_seconds(ray, sample, torch.device("cpu"))
+    serialize_s, _ = object_store_seconds(ray, sample, torch.device("cpu"), per_object=runner.group_plans)
     result = {
         "pipeline": spec.name, "batch_size": batch_size, "dataset_size": len(contenders["local"].source),
         "rounds": rounds, "batches_per_round": per_round, "untimed_batches_per_round": untimed,
@@ -103,6 +103,12 @@ def bench_remote(spec: PipelineSpec, *, batch_size: int, remote_workers: int, cp
         "remote_batch_ms": {"make": make_s * 1e3, "serialize": serialize_s * 1e3, "receive": receive_s * 1e3,
                             "waited": runner.wait_seconds / made * 1e3},
         "transfer_share": (serialize_s + receive_s) / (make_s + serialize_s + receive_s),
+        # The deal at the end (runners.remote_deal): the share of buffer-fulls made locally, and what each side was
+        # measured to take a batch (the local side with the trainer's own work beside it; a worker with putting
+        # its batches into the object store and fetching them).
+        "deal": {"batches_per_group": runner.group_plans, "local_share": runner.local_share,
+                 "local_batch_ms": None if runner.costs.local_s is None else runner.costs.local_s * 1e3,
+                 "worker_batch_ms": [None if s is None else s * 1e3 for s in runner.costs.worker_s]},
         "setup_s": time.perf_counter() - started,
     }
     result["speedup"] = result["remote_samples_per_s"] / result["local_samples_per_s"]

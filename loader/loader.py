@@ -23,7 +23,8 @@ from .placement import resolve
 from .placement.auto import PROBE_SEED, AutoPlacement
 from .placement.remote import RemoteDecision, decide as decide_remote, remote_report
 from .runners import Runner, RunnerConfig, make_runner
-from .runners.remote import RayWorkers, RemoteRunner, available_workers, connect, object_store_seconds
+from .runners.remote import (RayWorkers, RemoteRunner, available_workers, batches_per_group, connect,
+                             object_store_seconds)
 from .sampler import STATE_VERSION, EpochSampler, LastBatch, parse_last_batch
 from .saved_state import check_resumable, configuration
 from .sources import ChunkedTable, open_source
@@ -265,9 +266,11 @@ class Loader:
         finally:
             batches.close()
             probe.close()
+        group = batches_per_group(self.shuffle_buffer, self.config.batch_size)  # a table's: one buffer-full
+        put_s, take_s = object_store_seconds(ray, sample, self.device, per_object=group)
         decision = decide_remote(plan, workers=self.remote.num_workers, cpus_per_worker=self.remote.cpus_per_worker,
-                                 available_workers=available_workers(ray, self.remote),
-                                 transfer_s=object_store_seconds(ray, sample, self.device)[1])
+                                 available_workers=available_workers(ray, self.remote), transfer_s=take_s,
+                                 put_s=put_s, balanced=group > 1)
         self.remote_decision = decision
         log.info("feedline: remote workers %s", decision.why)
         if decision.workers:

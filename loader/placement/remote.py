@@ -1,16 +1,22 @@
 """How many remote workers to add to a CPU-bound plan, from the plan's measured CPU cost per batch and the
-measured cost of receiving a batch through Ray's object store.
+measured cost of a batch through Ray's object store (a worker puts it in, the trainer's side takes it out).
 
-The deal is fixed (``runners.remote``): of every ``L + R`` plans, the ``L`` local threads make ``L`` and the
-remote cores ``R``. The local threads also receive every remote batch (take it out of the object store as
-tensors), ``t_x`` seconds each, so one round takes ``max((L*t_b + R*t_x) / L, t_b)`` seconds for ``L + R``
-batches of ``t_b`` CPU seconds each. Adding cores pays while ``t_x < t_b``; past the point where receiving
-saturates the local threads it stops paying, so the fewest workers within ``ENOUGH`` of the best are used.
+Two deals (``runners.remote_deal``). Images: the ``L`` local threads make their share of the cores, ``L`` of
+every ``L + R`` batches, and the remote cores ``R``; the local threads also receive every remote batch (take it
+out of the object store as tensors), ``t_x`` seconds each, so one round takes ``max((L*t_b + R*t_x) / L,
+t_b + t_p)`` seconds for ``L + R`` batches of ``t_b`` CPU seconds each (``t_p``: a worker's putting one into
+the store). Tables: the local side takes the share of buffer-fulls that balances the two sides' measured costs,
+so the workers make all they can, ``R / (t_b + t_p)`` batches a second, up to what the local cores can receive
+(``L / t_x``), and the local cores make batches with the time receiving leaves them
+(``runners.remote_deal.balanced_rates``). Either way adding cores pays while ``t_x < t_b``; past the point where
+receiving saturates the local threads it stops paying, so the fewest workers within ``ENOUGH`` of the best are
+used.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..runners.remote_deal import balanced_rates
 from .scheduler import Plan
 
 ENOUGH = 0.95
@@ -24,24 +30,34 @@ class RemoteDecision:
     batch_s: float                # CPU seconds to make one batch
     transfer_s: float             # local seconds to receive one remote batch out of the object store
     why: str
+    put_s: float = 0.0            # a worker's seconds to put one batch into the object store
 
 
-def rate(local_threads: int, remote_cores: int, batch_s: float, transfer_s: float, batch_size: int) -> float:
-    """Samples per second with ``local_threads`` local and ``remote_cores`` remote cores (see the module)."""
-    round_s = max((local_threads * batch_s + remote_cores * transfer_s) / local_threads, batch_s)
+def rate(local_threads: int, remote_cores: int, batch_s: float, transfer_s: float, batch_size: int, *,
+         put_s: float = 0.0, balanced: bool = False) -> float:
+    """Samples per second with ``local_threads`` local and ``remote_cores`` remote cores (see the module);
+    ``balanced``: the tables' deal, else the images'."""
+    if remote_cores == 0:
+        return local_threads * batch_size / batch_s
+    if balanced:
+        local, remote = balanced_rates(local_threads, batch_s / local_threads, transfer_s,
+                                       [1.0 / (batch_s + put_s)] * remote_cores)
+        return (local + remote) * batch_size
+    round_s = max((local_threads * batch_s + remote_cores * transfer_s) / local_threads, batch_s + put_s)
     return (local_threads + remote_cores) * batch_size / round_s
 
 
-def decide(plan: Plan, *, workers: int, cpus_per_worker: int, available_workers: int,
-           transfer_s: float) -> RemoteDecision:
+def decide(plan: Plan, *, workers: int, cpus_per_worker: int, available_workers: int, transfer_s: float,
+           put_s: float = 0.0, balanced: bool = False) -> RemoteDecision:
     """Remote workers for ``plan`` (the CPU placement, profiled locally): none unless the CPU is its
-    bottleneck, at most ``available_workers`` (those the cluster has CPUs for on other machines)."""
+    bottleneck, at most ``available_workers`` (those the cluster has CPUs for on other machines).
+    ``balanced``: the deal balances the two sides (tables dealt by shuffle buffer-full)."""
     batch_size = plan.batch_size
     batch_s = plan.prediction.cpu_core_s_per_sample * batch_size
     local = rate(plan.threads, 0, batch_s, transfer_s, batch_size)
 
     def none(why: str) -> RemoteDecision:
-        return RemoteDecision(0, local, local, batch_s, transfer_s, why)
+        return RemoteDecision(0, local, local, batch_s, transfer_s, why, put_s)
 
     if plan.prediction.bottleneck != "cpu":
         return none(f"not used: the plan is bound by {plan.prediction.bottleneck}, not the CPU")
@@ -52,14 +68,19 @@ def decide(plan: Plan, *, workers: int, cpus_per_worker: int, available_workers:
         return none(f"not used: receiving a batch ({transfer_s * 1e3:.1f} ms) costs the trainer's host as much "
                     f"as making it ({batch_s * 1e3:.1f} ms)")
     usable = min(workers, available_workers)
-    rates = [rate(plan.threads, k * cpus_per_worker, batch_s, transfer_s, batch_size) for k in range(usable + 1)]
+    rates = [rate(plan.threads, k * cpus_per_worker, batch_s, transfer_s, batch_size, put_s=put_s,
+                  balanced=balanced) for k in range(usable + 1)]
     chosen = next(k for k, r in enumerate(rates) if r >= ENOUGH * rates[-1])
+    if chosen == 0:
+        return none(f"not used: a worker's batch ({(batch_s + put_s) * 1e3:.1f} ms with {put_s * 1e3:.2f} ms to put "
+                    f"it into the object store) adds less than {1 / ENOUGH - 1:.0%} to the local threads' rate")
     capped = f" (the cluster has CPUs for {available_workers} of {workers})" if available_workers < workers else ""
     more = "" if chosen == usable else f"; more would wait on the {plan.threads} local threads receiving batches"
+    deal = "buffer-fulls dealt in the balanced share" if balanced else "batches dealt in the cores' share"
     return RemoteDecision(chosen, rates[chosen], local, batch_s, transfer_s, (
         f"used: the plan is bound by the CPU; {chosen} worker(s){capped} predicted {rates[chosen]:,.0f} samples/s "
-        f"against {local:,.0f} locally (a batch costs {batch_s * 1e3:.1f} ms to make, {transfer_s * 1e3:.2f} ms "
-        f"to receive){more}"))
+        f"against {local:,.0f} locally ({deal}; a batch costs {batch_s * 1e3:.1f} ms to make, "
+        f"{put_s * 1e3:.2f} ms to put into the object store and {transfer_s * 1e3:.2f} ms to receive){more}"), put_s)
 
 
 def remote_report(requested, used, decision: RemoteDecision | None) -> dict:
@@ -71,5 +92,5 @@ def remote_report(requested, used, decision: RemoteDecision | None) -> dict:
         return out
     out.update(why=decision.why, predicted_samples_per_s=decision.samples_per_s,
                predicted_local_samples_per_s=decision.local_samples_per_s,
-               batch_seconds=decision.batch_s, receive_seconds=decision.transfer_s)
+               batch_seconds=decision.batch_s, receive_seconds=decision.transfer_s, put_seconds=decision.put_s)
     return out

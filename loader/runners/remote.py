@@ -59,6 +59,7 @@ log = logging.getLogger("feedline")
 IN_FLIGHT_PER_WORKER = 2  # groups a worker may have to make at once (sent, not yet done), per CPU
 LOCAL_IN_FLIGHT = 2  # groups of a table the local side may have to make at once
 STRADDLE_RUNS = 2  # consecutive buffer-fulls dealt to one side where batches straddle them
+SLOW_WORKER = 1.5  # a worker this many times slower a batch than the local side is dealt twice as far ahead
 MAX_PLAN_RETRIES = remote_workers.MAX_PLAN_RETRIES
 START_TIMEOUT_S = 300.0   # for the workers to start and open the source
 BATCH_TIMEOUT_S = 600.0   # for one remote batch, from when the trainer's side waits for it
@@ -169,7 +170,7 @@ def object_store_seconds(ray, batch: dict, device: torch.device, repeats: int = 
     on ``device`` (the trainer's side), ``per_object`` batches to an object as the workers return them
     (``batches_per_group``). Both happen in this process, so a cross-machine transfer, which Ray overlaps with
     the worker's next batches, is in neither."""
-    arrays = [as_arrays(batch)] * per_object
+    arrays = [_copy(as_arrays(batch)) for _ in range(per_object)]  # (one object repeated is pickled once)
     put, take = [], []
     for _ in range(repeats):
         started = time.perf_counter()
@@ -181,6 +182,14 @@ def object_store_seconds(ray, batch: dict, device: torch.device, repeats: int = 
         take.append((time.perf_counter() - stored) / per_object)
         del ref
     return statistics.median(put), statistics.median(take)
+
+
+def _copy(value):
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    return value
 
 
 def batches_per_group(group_rows: int | None, batch_size: int) -> int:
@@ -232,7 +241,7 @@ class RemoteRunner:
         self.in_flight = [IN_FLIGHT_PER_WORKER * workers.cpus_per_worker] * len(self.team)
         self.costs = DealCosts(config.num_threads, len(self.team), workers.cpus_per_worker)
         self.device = config.device
-        # Plans dealt ahead of the one delivered next: what the workers may hold, and the local side's groups.
+        # Plans dealt ahead of the one delivered next (twice as many where workers are slow: _slow_workers).
         self.window = (sum(self.in_flight) + LOCAL_IN_FLIGHT) * self.runs * self.group_plans
         self.skipped: list[Skipped] = []
         # A table's bad rows are listed by every process that reads their chunk: each (where, index) goes in once.
@@ -275,7 +284,8 @@ class RemoteRunner:
         local = self.local.batches(deal.local_plans()) if maker is None else None
         try:
             while True:
-                while len(deal.order) < self.window and deal.pull():
+                window = self.window * (2 if self._slow_workers() else 1)
+                while len(deal.order) < window and deal.pull():
                     pass
                 if not deal.order:
                     return
@@ -303,6 +313,12 @@ class RemoteRunner:
             # Groups sent ahead are left to finish, not cancelled: cancelling an actor's task that is still
             # queued on this side can leave a gap in the actor's task sequence, on which Ray makes its later
             # tasks wait (30 s) before giving up on it.
+
+    def _slow_workers(self) -> bool:
+        """Whether a worker was measured slower a batch than the local side by ``SLOW_WORKER``: its buffer-fulls
+        then take long enough that the deal must look further ahead for them to be made in time."""
+        local_s = self.costs.local_s
+        return local_s is not None and any(s is not None and s > SLOW_WORKER * local_s for s in self.costs.worker_s)
 
     def _send(self, worker: int, plans: list[BatchPlan]) -> Job:
         ref = self.team[worker].actor.make_many.remote(self.key, self._box, plans)
