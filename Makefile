@@ -32,6 +32,8 @@ bench: setup
 bench-remote: setup
 	test -f $(BENCH_DATA)/.feedline-data || $(VENV)/bin/feedline make-data images --out $(BENCH_DATA) --count $(BENCH_COUNT) --classes 10 --seed 0
 	unshare -rn sh -c 'ip link set lo up && exec $(VENV)/bin/feedline bench --pipeline image-train --data $(BENCH_DATA) --remote-workers 1 --json bench-remote-image-train.json'
+	test -f $(BENCH_CRITEO) || $(VENV)/bin/feedline make-data criteo --out $(BENCH_CRITEO) --rows $(BENCH_CRITEO_ROWS) --seed 0
+	unshare -rn sh -c 'ip link set lo up && exec $(VENV)/bin/feedline bench --pipeline criteo --data $(BENCH_CRITEO) --remote-workers 1 --json bench-remote-criteo.json'
 
 test: setup
 	$(PY) -m pytest -q -rs --strict-markers --durations=15 tests
