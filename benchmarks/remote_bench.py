@@ -49,8 +49,8 @@ def bench_remote(spec: PipelineSpec, *, batch_size: int, remote_workers: int, cp
     torch.set_num_threads(local_cores)
     started = time.perf_counter()
     if address is None:
-        ray.init(num_cpus=remote_workers * cpus_per_worker, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+        ray.init(address="local", num_cpus=remote_workers * cpus_per_worker, include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
     workers = RayWorkers(remote_workers, cpus_per_worker, address, cores=tuple(remote) if address is None else None)
     contenders = {
         "local": Loader(spec, batch_size, placement="cpu", num_threads=local_cores, last_batch="drop"),

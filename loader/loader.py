@@ -270,7 +270,7 @@ class Loader:
         put_s, take_s = object_store_seconds(ray, sample, self.device, per_object=group)
         decision = decide_remote(plan, workers=self.remote.num_workers, cpus_per_worker=self.remote.cpus_per_worker,
                                  available_workers=available_workers(ray, self.remote), transfer_s=take_s,
-                                 put_s=put_s, balanced=group > 1)
+                                 put_s=put_s if group > 1 else 0.0, balanced=group > 1)
         self.remote_decision = decision
         log.info("feedline: remote workers %s", decision.why)
         if decision.workers:

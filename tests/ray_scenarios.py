@@ -132,6 +132,21 @@ def tables(report: dict, folder: Path, workers) -> None:
                             [s.where for s in remote.skipped]]
     remote.close()
 
+    raising = []  # the first bad row is in batch 9, the second of the first buffer-full dealt to a worker
+    for loader in (Loader(criteo(str(folder / "bad.tsv")), **TABLE),
+                   Loader(criteo(str(folder / "bad.tsv")), remote=workers, **TABLE)):
+        delivered = []
+        try:
+            for batch in loader:
+                delivered.append(digest(batch))
+            raising.append({"delivered": delivered, "error": None})
+        except Exception as e:
+            raising.append({"delivered": delivered, "error": next(c.__name__ for c in type(e).__mro__
+                                                                  if c.__module__.startswith("feedline")),
+                            "message": str(e), "remote_batches": getattr(loader._runner, "remote_batches", 0)})
+        loader.close()
+    report["table_raise"] = raising
+
     first = Loader(big, remote=workers, **TABLE)  # resumed mid buffer-full: 11 batches are one and 3/8
     it = iter(first)
     head = [digest(next(it)) for _ in range(11)]
@@ -164,7 +179,8 @@ def main(data: str, out: str) -> None:
         report["seconds"][name] = round(now - last[0], 1)
         last[0] = now
     images, bad_images, table = Path(data, "images"), Path(data, "bad_images"), Path(data, "criteo.tsv")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # A new cluster, whatever /tmp/ray/ray_current_cluster names (a cluster that ended without removing it).
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     workers = RayWorkers(num_workers=2)
 
     spec = image.train(images, size=48)

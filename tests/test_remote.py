@@ -13,7 +13,7 @@ import pytest
 
 from conftest import write_images
 from feedline.datagen.criteo import make_criteo
-from feedline.loader import RayWorkers
+from feedline.loader import Loader, RayWorkers
 from feedline.loader.sources.convert import convert
 from feedline.pipelines.criteo import criteo
 
@@ -21,7 +21,7 @@ pytest.importorskip("ray", reason="Ray is not installed (pip install 'feedline[r
 
 SCENARIOS = Path(__file__).with_name("ray_scenarios.py")
 TABLE_ROWS = 30_000
-BAD_LINES = (7, 9_000, 22_222)
+TABLE = dict(batch_size=1024, placement="cpu", seed=5, shuffle_buffer=8192)  # as tests/ray_scenarios.py's
 
 
 def _namespace_prefix() -> list[str]:
@@ -49,8 +49,11 @@ def report(tmp_path_factory):
     tables.mkdir()
     make_criteo(tables / "big.tsv", rows=TABLE_ROWS, seed=4)  # 7 chunks of text, buffer-fulls of 2
     convert(criteo(str(tables / "big.tsv")).source, tables / "conv")
+    # Bad rows in batches 9 (the second of the first buffer-full a worker makes), 20 and 27 of the first epoch.
+    plans = list(Loader(criteo(str(tables / "big.tsv")), **TABLE).sampler.epoch(0))
+    bad_lines = [int(plans[9].indices[1]) + 1, int(plans[20].indices[5]) + 1, int(plans[27].indices[3]) + 1]
     lines = (tables / "big.tsv").read_text().splitlines(keepends=True)
-    for line in BAD_LINES:
+    for line in bad_lines:
         lines[line - 1] = "x" + lines[line - 1]  # the label is no longer a number
     (tables / "bad.tsv").write_text("".join(lines))
     out = data / "report.json"
@@ -60,6 +63,7 @@ def report(tmp_path_factory):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
     report = json.loads(out.read_text())
     report["data"] = str(data)
+    report["bad_lines"] = bad_lines
     report["bad_index"] = sorted(str(p) for p in (data / "bad_images").rglob("*.jpg")).index(str(bad[6]))
     report["bad_path"] = str(bad[6])
     report["image_files"] = sorted(str(p) for p in (data / "images").rglob("*.jpg"))  # in the source's order
@@ -96,7 +100,16 @@ def test_bad_rows_are_invalid_slots_and_listed_once_with_remote_workers(report):
     local, remote, local_listed, remote_listed = report["table_skip"]
     assert remote == local
     path = str(Path(report["data"], "tables", "bad.tsv"))
-    assert sorted(remote_listed) == sorted(local_listed) == sorted(f"{path}:{line}" for line in BAD_LINES)
+    assert sorted(remote_listed) == sorted(local_listed) == sorted(f"{path}:{line}" for line in report["bad_lines"])
+
+
+def test_a_bad_row_in_a_workers_buffer_full_raises_after_the_batches_before_it(report):
+    local, remote = report["table_raise"]
+    where = f"{Path(report['data'], 'tables', 'bad.tsv')}:{report['bad_lines'][0]}"
+    assert len(local["delivered"]) == 9 and remote["delivered"] == local["delivered"]
+    assert remote["remote_batches"] == 1  # batch 8 came from the worker that met the bad row making batch 9
+    for side in (local, remote):
+        assert side["error"] == "RowError" and where in side["message"], side
 
 
 def test_a_table_resumes_mid_buffer_full_with_remote_workers(report):

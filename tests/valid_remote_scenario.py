@@ -27,6 +27,10 @@ def epoch(loader) -> dict:
 
 
 def main(data: str, out: str) -> None:
+    import ray
+
+    # A new cluster, whatever /tmp/ray/ray_current_cluster names (a cluster that ended without removing it).
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, configure_logging=False)
     data = Path(data)
     workers = RayWorkers(num_workers=1)
     report = {}

@@ -124,13 +124,14 @@ def connect(workers: RayWorkers) -> Any:
         raise ImportError("remote workers need Ray: pip install 'feedline[ray]'") from None
     if ray.is_initialized():
         return ray
-    address = workers.address or os.environ.get("RAY_ADDRESS") or None
-    if address is not None:
-        _check_reachable(address)
+    # "local": a new cluster, not whatever Ray finds on the machine (a stale /tmp/ray/ray_current_cluster
+    # or another user's head would otherwise be joined, or refuse our options).
+    address = workers.address or os.environ.get("RAY_ADDRESS") or "local"
+    _check_reachable(address)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     except Exception as e:  # Ray raises ConnectionError, RuntimeError or its own errors, depending on the cause
-        where = repr(address) if address else "a new local cluster"
+        where = repr(address) if address != "local" else "a new local cluster"
         raise ConnectionError(f"cannot reach the Ray cluster at {where}: {type(e).__name__}: {e}") from None
     return ray
 
@@ -172,6 +173,7 @@ def object_store_seconds(ray, batch: dict, device: torch.device, repeats: int = 
     the worker's next batches, is in neither."""
     arrays = [_copy(as_arrays(batch)) for _ in range(per_object)]  # (one object repeated is pickled once)
     put, take = [], []
+    ray.get(ray.put(arrays), timeout=_GET_TIMEOUT_S)  # untimed: a new store's first objects cost more
     for _ in range(repeats):
         started = time.perf_counter()
         ref = ray.put(arrays)
@@ -328,7 +330,11 @@ class RemoteRunner:
 
     def _take(self, job: Job, k: int) -> tuple[dict, tuple, list]:
         """The job's ``k``-th batch as tensors; its group's results are waited for at most ``batch_timeout_s``
-        (Ray's retries included) when its first batch is due."""
+        (Ray's retries included) when its first batch is due. A group that stopped at an error returned the
+        batches before it: the plans from there on are sent again to its worker when the first of them is due,
+        so that the error (Ray's or the plan's own) is raised in its place, after the batches before it."""
+        if job.rest is not None and k >= job.rest_from:
+            return self._take(job.rest, k - job.rest_from)
         started = time.perf_counter()
         if job.results is None:
             self._wait(job)
@@ -338,12 +344,13 @@ class RemoteRunner:
             except _worker_failures(self.ray) as e:
                 raise self._failure(job, e) from None
             job.future = None  # (it holds the results too)
-            if len(job.results) != len(job.plans):
-                raise RuntimeError(f"{self._worker(job.worker)} returned {len(job.results)} batches for "
-                                   f"{len(job.plans)} plans ({describe_plans(job.plans, self.source)})")
-            self.costs.worker_group(job.worker, len(job.plans), job.sent, job.done or ready)
+            self.costs.worker_group(job.worker, len(job.results), job.sent, job.done or ready)
             self.wait_seconds += ready - started
             started = ready
+        if k >= len(job.results):  # (made alone, its error comes back through Ray)
+            job.rest_from = len(job.results)
+            job.rest = self._send(job.worker, list(job.plans[job.rest_from:]))
+            return self._take(job.rest, k - job.rest_from)
         arrays, info, skipped, pid = job.results[k]
         job.results[k] = None  # the trainer's tensors alone hold the batch from now on
         batch = _to_torch(arrays, self.device)

@@ -101,6 +101,8 @@ class Job:
     sent: float
     done: float | None = None
     results: list | None = None
+    rest: Job | None = None  # the plans from ``rest_from`` on, sent again where the group stopped at an error
+    rest_from: int = 0
 
 
 class Deal:

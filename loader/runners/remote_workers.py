@@ -182,20 +182,25 @@ class Maker:
     def make_many(self, key: str, box: list, plans: list[BatchPlan]) -> list[tuple[dict, tuple, list, int]]:
         """The batches of ``plans`` (consecutive plans, e.g. one shuffle buffer-full of a table, whose chunks this
         worker then reads alone), returned together as one object: for each, (arrays, (epoch, end, last,
-        skipped, seconds making it), the bad samples first met making it, this process's id). The runner's
-        output buffers stay taken while the list holds them, until Ray has copied it into the object store, so
-        none is written again before then."""
+        skipped, seconds making it), the bad samples first met making it, this process's id); only those before
+        the first that raised, if one did after the first. The runner's output buffers stay taken while the list
+        holds them, until Ray has copied it into the object store, so none is written again before then."""
         self.load(key, box)
         hosted = self.hosted[key]
         out = []
         started = time.perf_counter()
-        for batch, info in hosted.runner.batches(iter(plans)):  # run to the stream's end: its pipeline is reset
-            made = time.perf_counter()
-            skipped = [dataclasses.astuple(s) for s in hosted.runner.skipped[hosted.reported:]]
-            hosted.reported = len(hosted.runner.skipped)
-            out.append((as_arrays(batch), (info.epoch, info.end, info.last, info.skipped, made - started), skipped,
-                        os.getpid()))
-            started = made
+        try:
+            for batch, info in hosted.runner.batches(iter(plans)):  # run to the stream's end: its pipeline is reset
+                made = time.perf_counter()
+                skipped = [dataclasses.astuple(s) for s in hosted.runner.skipped[hosted.reported:]]
+                hosted.reported = len(hosted.runner.skipped)
+                out.append((as_arrays(batch), (info.epoch, info.end, info.last, info.skipped, made - started),
+                            skipped, os.getpid()))
+                started = made
+        except Exception:
+            if not out:
+                raise
+            return out  # the batches before the error; the runner asks for the rest again, and meets it then
         if len(out) != len(plans):
             raise RuntimeError(f"the worker's runner made {len(out)} batches of {len(plans)} plans")
         return out
