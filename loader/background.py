@@ -18,10 +18,12 @@ from __future__ import annotations
 import atexit
 import os
 import queue
+import select
 import threading
 import time
 import warnings
 import weakref
+from collections import deque
 from typing import Any, Callable, Iterator
 
 import torch
@@ -34,6 +36,96 @@ _live: "weakref.WeakSet[BackgroundStream]" = weakref.WeakSet()
 _ITEM, _END, _ERROR = "item", "end", "error"
 
 
+class _Pipe:
+    """A wake-up through a pipe: ``ring`` and ``wait`` are system calls made without the GIL (a ``Condition``
+    wakes the waiting thread from inside a call that holds it: on a virtual machine, where waking a thread on
+    another core is slow, the GIL then stays held for the whole wake-up). A ring that finds the pipe full is
+    not needed: a wake-up is already pending."""
+
+    def __init__(self):
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+
+    def ring(self) -> None:
+        try:
+            os.write(self._write, b"\0")
+        except (BlockingIOError, OSError):  # full (a wake-up is pending), or closed
+            pass
+
+    def wait(self, timeout: float) -> None:
+        """Until a ring since the last wait (or before it, unread), or ``timeout`` seconds."""
+        ready, _, _ = select.select([self._read], [], [], timeout)
+        if ready:
+            os.read(self._read, 4096)
+
+    def __del__(self):  # (only when neither thread can still use it)
+        for fd in (self._read, self._write):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class _Handoff:
+    """A bounded first-in first-out hand-off from one producing thread to one consuming thread. Appending and
+    taking are atomic deque operations; a side waits on a pipe only when it must (nothing to take, no room),
+    after saying so, and the other side rings that pipe only while it waits: batches handed over ahead of time
+    wake nobody. A ring may be spurious (a step already seen), never missed: each side looks again after saying
+    it waits, and a pipe stays readable until it is read."""
+
+    def __init__(self, depth: int):
+        self.depth = depth
+        self._items: deque = deque()
+        self._filled = _Pipe()
+        self._emptied = _Pipe()
+        self._taker_waits = False
+        self._giver_waits = False
+
+    def put(self, item, stopped: threading.Event) -> bool:
+        """Append ``item`` once there is room; False (nothing appended) once ``stopped`` is set."""
+        while len(self._items) >= self.depth:
+            if stopped.is_set():
+                return False
+            self._giver_waits = True
+            if len(self._items) >= self.depth:
+                self._emptied.wait(_POLL_S)
+            self._giver_waits = False
+        if stopped.is_set():
+            return False
+        self._items.append(item)
+        if self._taker_waits:
+            self._filled.ring()
+        return True
+
+    def get(self, timeout: float):
+        """The oldest item; ``queue.Empty`` when none came within ``timeout`` seconds."""
+        if not self._items:
+            self._taker_waits = True
+            if not self._items:
+                self._filled.wait(timeout)
+            self._taker_waits = False
+            if not self._items:
+                raise queue.Empty
+        item = self._items.popleft()
+        if self._giver_waits:
+            self._emptied.ring()
+        return item
+
+    def get_nowait(self):
+        try:
+            item = self._items.popleft()
+        except IndexError:
+            raise queue.Empty from None
+        self._emptied.ring()
+        return item
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def empty(self) -> bool:
+        return not self._items
+
+
 class BackgroundStream:
     """``make()`` is called on the new thread and returns the iterator to run there (so that everything it
     builds lazily, such as a DALI pipeline, is built there). ``cuda``: the device whose work is put on the
@@ -41,7 +133,7 @@ class BackgroundStream:
 
     def __init__(self, make: Callable[[], Iterator], depth: int, *, cuda: torch.device | None = None,
                  describe: Callable[[], str] = lambda: "making a batch"):
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._queue = _Handoff(depth)
         self._stop = threading.Event()
         self._cuda_stream = torch.cuda.Stream(cuda) if cuda is not None else None
         self._describe = describe
@@ -76,13 +168,7 @@ class BackgroundStream:
 
     def _put(self, message: tuple) -> bool:
         """Queue ``message`` unless the stream is being closed; False when it is."""
-        while not self._stop.is_set():
-            try:
-                self._queue.put(message, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return self._queue.put(message, self._stop)
 
     # ---- the trainer's thread -----------------------------------------------------------------
     def __iter__(self) -> BackgroundStream:

@@ -25,6 +25,7 @@ from ..ops.sequence_rows import sequence_rows
 from .sampler import BatchPlan, LastBatch, parse_last_batch
 
 DEFAULT_BUFFER_ROWS = 1 << 16
+KEPT_WINDOWS = 2  # windows whose rows are kept made: a batch may straddle two
 
 
 def _positive(name: str, value) -> int:
@@ -63,6 +64,7 @@ class StreamOrder:
                              f"leaves no batch from {self.num_samples} rows")
         self._epoch_order: tuple = (None, None, None)  # the last epoch's chunk order and its rows' starts
         self._last_window: tuple = (None, None)
+        self._kept_windows: list = []  # ((epoch, window), rows, valid), the latest first
 
     # ---- sizes ------------------------------------------------------------------------------------
     @property
@@ -108,24 +110,37 @@ class StreamOrder:
             self._last_window = ((epoch, window), perm)
         return perm
 
-    def positions(self, epoch: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Global rows and validity of the rank's delivery positions ``[start, stop)`` in ``epoch``."""
+    def _window_rows(self, epoch: int, window: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Global rows and validity of every position of a window (a buffer-full), made in one pass and kept for
+        the batches that follow (the last ``KEPT_WINDOWS``)."""
+        for key, rows, valid in self._kept_windows:
+            if key == (epoch, window):
+                return rows, valid
         order, seq_start = self._sequence(epoch)
-        out = np.empty(stop - start, dtype=np.int64)
-        valid = np.ones(stop - start, dtype=bool)
-        buffer = self.buffer_rows
         base = self.rank * self.per_rank if self.last_batch is not LastBatch.DROP else \
             self.rank * ((self.num_samples // self.world_size) // self.batch_size * self.batch_size)
+        rows = np.empty(size, dtype=np.int64)
+        valid = np.empty(size, dtype=bool)
+        # Position base + w_start + perm[...] in the epoch's row sequence; padding repeats rows, marked invalid.
+        sequence_rows(self._window(epoch, window, size), base + window * self.buffer_rows, self.num_samples,
+                      seq_start, self.first_row[order], rows, valid)
+        self._kept_windows = [((epoch, window), rows, valid)] + self._kept_windows[:KEPT_WINDOWS - 1]
+        return rows, valid
+
+    def positions(self, epoch: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Global rows and validity of the rank's delivery positions ``[start, stop)`` in ``epoch``."""
+        out = np.empty(stop - start, dtype=np.int64)
+        valid = np.empty(stop - start, dtype=bool)
+        buffer = self.buffer_rows
         p = start
         while p < stop:
             window = p // buffer
             w_start = window * buffer
             size = min(buffer, self.per_rank - w_start)
             take = min(stop, w_start + size) - p
-            # Position base + w_start + perm[...] in the epoch's row sequence; padding repeats rows, marked invalid.
-            sequence_rows(self._window(epoch, window, size)[p - w_start:p - w_start + take], base + w_start,
-                          self.num_samples, seq_start, self.first_row[order], out[p - start:p - start + take],
-                          valid[p - start:p - start + take])
+            rows, ok = self._window_rows(epoch, window, size)
+            out[p - start:p - start + take] = rows[p - w_start:p - w_start + take]
+            valid[p - start:p - start + take] = ok[p - w_start:p - w_start + take]
             p += take
         return out, valid
 

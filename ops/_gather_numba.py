@@ -2,54 +2,82 @@
 their reference. Column ``c`` of a block is described by ``layout[c]`` = (code, start, step, flag kind, flag
 start, flag step); see ``gather_columns.ColumnBlock``.
 
-Each column of a piece is loaded in three short passes (values widened to int64 or float64, missing flags,
-then the output): the branches on type, flag kind and target stay outside the loops without multiplying
-into each other, which keeps the compile time at a few seconds.
+Rows are gathered a tile at a time (a tile's rows stay in cache across its columns); each column of a tile is
+loaded in three short passes (values widened to int64 or float64, missing flags, then the output): the
+branches on type, flag kind and target stay outside the loops without multiplying into each other. Values
+are read through typed loads at byte addresses (``_read_*``), which compile as a load each, where typed views
+of the buffer would each compile an overload of their own: the kernels compile in a few seconds.
 """
 from __future__ import annotations
 
 import numpy as np
+from numba import types
+from numba.extending import intrinsic
 
 from ._numba import helper, kernel
 
 # The codes of gather_columns.CODES, spelled again here for numba (tests check they agree).
 U8, I8, U16, I16, U32, I32, I64, F32, F64 = range(9)
+SIZES = (1, 1, 2, 2, 4, 4, 8, 4, 8)
 NO_FLAGS, BYTE_FLAGS, BIT_FLAGS = range(3)
 LABEL, DENSE, IDS = range(3)
 NAN32 = np.float32(np.nan)
+TILE = 256  # rows gathered at a time, column after column
+
+
+def _reader(kind):
+    """An intrinsic reading one ``kind`` value at a byte address (any alignment)."""
+    @intrinsic
+    def read(typingctx, address):
+        def codegen(context, builder, signature, args):
+            pointer = builder.inttoptr(args[0], context.get_value_type(kind).as_pointer())
+            return builder.load(pointer, align=1)
+        return kind(types.int64), codegen
+    return read
+
+
+_read_u8, _read_i8, _read_u16, _read_i16 = (_reader(t) for t in (types.uint8, types.int8, types.uint16, types.int16))
+_read_u32, _read_i32, _read_i64 = (_reader(t) for t in (types.uint32, types.int32, types.int64))
+_read_f32, _read_f64 = _reader(types.float32), _reader(types.float64)
 
 
 @helper
-def copy_values(values, start, step, local, out):
-    for i in range(local.shape[0]):
-        out[i] = values[np.uint64(start + local[i] * step)]
-
-
-@helper
-def load_ints(data, code, start, step, local, out):
-    """``out[i]`` = the int column's value at row ``local[i]``, as int64."""
+def load_ints(address, code, start, step, local, out):
+    """``out[i]`` = the int column's value at row ``local[i]``, as int64 (``address``: the buffer's first byte;
+    ``start`` and ``step`` in bytes)."""
+    n = local.shape[0]
     if code == U8:
-        copy_values(data, start, step, local, out)
+        for i in range(n):
+            out[i] = _read_u8(address + start + local[i] * step)
     elif code == I8:
-        copy_values(data.view(np.int8), start, step, local, out)
+        for i in range(n):
+            out[i] = _read_i8(address + start + local[i] * step)
     elif code == U16:
-        copy_values(data.view(np.uint16), start, step, local, out)
+        for i in range(n):
+            out[i] = _read_u16(address + start + local[i] * step)
     elif code == I16:
-        copy_values(data.view(np.int16), start, step, local, out)
+        for i in range(n):
+            out[i] = _read_i16(address + start + local[i] * step)
     elif code == U32:
-        copy_values(data.view(np.uint32), start, step, local, out)
+        for i in range(n):
+            out[i] = _read_u32(address + start + local[i] * step)
     elif code == I32:
-        copy_values(data.view(np.int32), start, step, local, out)
+        for i in range(n):
+            out[i] = _read_i32(address + start + local[i] * step)
     else:
-        copy_values(data.view(np.int64), start, step, local, out)
+        for i in range(n):
+            out[i] = _read_i64(address + start + local[i] * step)
 
 
 @helper
-def load_floats(data, code, start, step, local, out):
+def load_floats(address, code, start, step, local, out):
+    n = local.shape[0]
     if code == F32:
-        copy_values(data.view(np.float32), start, step, local, out)
+        for i in range(n):
+            out[i] = _read_f32(address + start + local[i] * step)
     else:
-        copy_values(data.view(np.float64), start, step, local, out)
+        for i in range(n):
+            out[i] = _read_f64(address + start + local[i] * step)
 
 
 @helper
@@ -62,48 +90,76 @@ def load_missing(flags, kind, first, step, local, out):
             bit = np.uint64(first + local[i] * step)
             out[i] = (flags[bit >> np.uint64(3)] >> (bit & np.uint64(7))) & 1 != 0
     else:
-        out[:] = False
+        for i in range(local.shape[0]):
+            out[i] = False
+
+
+@helper
+def load_column(data, flags, layout, c, local, ints, floats, missing, with_flags):
+    """Column ``c`` at rows ``local``: into ``floats`` if it is a float column, else ``ints``; its missing flags
+    too when ``with_flags``. Returns whether it is a float column."""
+    code = layout[c, 0]
+    size = np.int64(SIZES[code])
+    address = data.ctypes.data
+    if code >= F32:
+        load_floats(address, code, layout[c, 1] * size, layout[c, 2] * size, local, floats)
+    else:
+        load_ints(address, code, layout[c, 1] * size, layout[c, 2] * size, local, ints)
+    if with_flags:
+        load_missing(flags, layout[c, 3], layout[c, 4], layout[c, 5], local, missing)
+    return code >= F32
 
 
 @kernel
 def gather_columns(data, flags, layout, picks, local, positions, missing_id, label, dense, ids):
     n = local.shape[0]
-    ints = np.empty(n, np.int64)
-    floats = np.empty(n, np.float64)
-    missing = np.empty(n, np.bool_)
+    ints = np.empty(TILE, np.int64)
+    floats = np.empty(TILE, np.float64)
+    missing = np.empty(TILE, np.bool_)
+    reals = np.empty(TILE, np.float32)
+    for first in range(0, n, TILE):  # a tile of rows at a time: its rows stay in cache across the columns
+        last = min(n, first + TILE)
+        m = last - first
+        gather_tile(data, flags, layout, picks, local[first:last], positions[first:last], missing_id, label, dense,
+                    ids, ints[:m], floats[:m], missing[:m], reals[:m])
+
+
+@helper
+def gather_tile(data, flags, layout, picks, local, positions, missing_id, label, dense, ids, ints, floats, missing,
+                reals):
+    n = local.shape[0]
     for j in range(picks.shape[0]):
         c, target, row = picks[j, 0], picks[j, 1], picks[j, 2]
-        code = layout[c, 0]
-        is_float = code >= F32
-        if is_float:
-            load_floats(data, code, layout[c, 1], layout[c, 2], local, floats)
-        else:
-            load_ints(data, code, layout[c, 1], layout[c, 2], local, ints)
-        if target != LABEL:
-            load_missing(flags, layout[c, 3], layout[c, 4], layout[c, 5], local, missing)
+        is_float = load_column(data, flags, layout, c, local, ints, floats, missing, target != LABEL)
         # Each value is loaded before the choice, so that the choice compiles to a select: missing flags are
-        # random, and a branch on them would be mispredicted a third of the time.
+        # random, and a branch on them would be mispredicted a third of the time. Values are first written in
+        # the tile's order (a loop that vectorises), then placed.
         if target == IDS:
-            out_ids = ids[row]
             for i in range(n):
-                v = ints[i]
-                out_ids[np.uint64(positions[i])] = missing_id if missing[i] else v
-        elif target == DENSE and is_float:
-            out_dense = dense[row]
-            for i in range(n):
-                f = np.float32(floats[i])
-                out_dense[np.uint64(positions[i])] = NAN32 if missing[i] else f
+                ints[i] = missing_id if missing[i] else ints[i]
+            place(ints, positions, ids[row])
         elif target == DENSE:
-            out_dense = dense[row]
             for i in range(n):
-                f = np.float32(ints[i])
-                out_dense[np.uint64(positions[i])] = NAN32 if missing[i] else f
-        elif is_float:
-            for i in range(n):
-                label[np.uint64(positions[i])] = np.float32(floats[i])
+                v = np.float32(floats[i]) if is_float else np.float32(ints[i])
+                reals[i] = NAN32 if missing[i] else v
+            place(reals, positions, dense[row])
         else:
             for i in range(n):
-                label[np.uint64(positions[i])] = np.float32(ints[i])
+                reals[i] = np.float32(floats[i]) if is_float else np.float32(ints[i])
+            place(reals, positions, label)
+
+
+@helper
+def place(values, positions, out):
+    """``out[positions[i]] = values[i]``; a run of consecutive positions as one copy."""
+    n = values.shape[0]
+    first = positions[0]
+    if positions[n - 1] - first == n - 1:
+        for i in range(n):
+            out[first + i] = values[i]
+    else:
+        for i in range(n):
+            out[np.uint64(positions[i])] = values[i]
 
 
 @kernel
@@ -116,14 +172,14 @@ def gather_raw(data, flags, layout, int_columns, float_columns, local, ints, flo
     count = int_columns.shape[0]
     for j in range(count + float_columns.shape[0]):
         c = int_columns[j] if j < count else float_columns[j - count]
-        if j < count:
-            load_ints(data, layout[c, 0], layout[c, 1], layout[c, 2], local, values)
-            ints[:, j] = values
+        if load_column(data, flags, layout, c, local, values, reals, flags_out, True):
+            for i in range(n):
+                floats[i, j - count] = reals[i]
         else:
-            load_floats(data, layout[c, 0], layout[c, 1], layout[c, 2], local, reals)
-            floats[:, j - count] = reals
-        load_missing(flags, layout[c, 3], layout[c, 4], layout[c, 5], local, flags_out)
-        missing[:, j] = flags_out
+            for i in range(n):
+                ints[i, j] = values[i]
+        for i in range(n):
+            missing[i, j] = flags_out[i]
 
 
 @helper

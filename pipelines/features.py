@@ -20,6 +20,9 @@ from .stage import BOTH, CPU_ONLY, Stage
 
 MISSING_ID = -1
 Shapes = dict[str, tuple[tuple[int, ...], np.dtype]]
+# How an output lies in a row block (``ops.RowLayout``: a row's finished values as 32-bit words, for a batch to
+# gather): ROW_VALUE float32 [B]; ROW_VALUES float32 [B, D]; ROW_IDS int64 [K, B] holding ids below 2**32.
+ROW_VALUE, ROW_VALUES, ROW_IDS = "value", "values", "ids"
 
 
 def _array(out: Mapping[str, Any] | None, name: str, shape: tuple[int, ...], dtype, xp):
@@ -41,6 +44,18 @@ class FeatureStage(Stage):
 
     def run(self, data: Mapping[str, Any], xp, out: Mapping[str, Any] | None = None) -> dict[str, Any]:
         raise NotImplementedError
+
+    def constants(self, rows: int) -> dict[str, np.ndarray]:
+        """Outputs that are the same in every batch of ``rows`` rows, made once (NumPy): the runner may hand every
+        such batch these very arrays (given in ``out`` with ``out["constant"]`` True, the stage then leaves them
+        as they are)."""
+        return {}
+
+    def row_forms(self) -> dict[str, str] | None:
+        """None where a row of an output may depend on other rows of the batch; else each output a row block can
+        hold, with its form (``ROW_VALUE``, ``ROW_VALUES``, ``ROW_IDS``): such a stage may run over a table's
+        rows once as they are read, its outputs kept per row, instead of over every batch."""
+        return None
 
     def describe(self) -> str:
         return self.name
@@ -71,6 +86,18 @@ class Parse(FeatureStage):
         if self.categorical:
             shapes["categorical_raw"] = ((len(self.categorical), rows), np.dtype(np.int64))
         return shapes
+
+    def row_forms(self) -> dict[str, str]:
+        return {"label": ROW_VALUE} if self.label is not None else {}
+
+    def read_chunk(self, source, chunk, start: int, stop: int, out: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Rows ``start..stop`` of one chunk of a streamed table (``source.load_raw``), in order, as :meth:`read`
+        gives rows (list columns aside)."""
+        arrays = {name: _array(out, name, shape, dtype, np) for name, (shape, dtype) in self.shapes(stop - start).items()}
+        source.gather_chunk(chunk, start, stop, label=self.label, dense=self.dense, categorical=self.categorical,
+                            missing_id=MISSING_ID, label_out=arrays.get("label"), dense_out=arrays.get("dense_raw"),
+                            ids_out=arrays.get("categorical_raw"))
+        return arrays
 
     def read(self, source, rows: np.ndarray, out: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], np.ndarray]:
         """Rows ``rows`` of ``source`` parsed, and which of them are bad. A source that gathers (a streamed
@@ -117,6 +144,9 @@ class DenseColumns(FeatureStage):
     def describe(self) -> str:
         return "fill, clip, log1p; bucketize"
 
+    def row_forms(self) -> dict[str, str]:
+        return {"dense": ROW_VALUES, "bucketized": ROW_IDS}  # (bucket numbers: below 2**32)
+
     @functools.cached_property
     def plan(self) -> ops.DensePlan:
         return ops.dense_plan(range(len(self.dense)), [f.fill for f in self.dense],
@@ -160,6 +190,9 @@ class HashColumns(FeatureStage):
     def describe(self) -> str:
         return "MurmurHash3 ids and crosses to buckets"
 
+    def row_forms(self) -> dict[str, str]:
+        return {"categorical_ids": ROW_IDS}  # (bucket ids: below 2**32)
+
     @functools.cached_property
     def plans(self) -> tuple[ops.HashPlan, ops.HashPlan]:
         targets = list(range(len(self.categorical) + len(self.crosses))) if self.targets is None else list(self.targets)
@@ -191,6 +224,9 @@ class MultiHotColumns(FeatureStage):
     def describe(self) -> str:
         return "hash and truncate list columns (jagged)"
 
+    def row_forms(self) -> dict[str, str]:
+        return {}  # per row, but jagged: no row block holds it
+
     def run(self, data, xp, out=None) -> dict[str, Any]:
         return {"multi_hot_ids": tuple(ops.multi_hot(col.offsets, col.values, f.num_buckets, f.seed, f.max_len)
                                        for col, f in zip(data["lists_raw"], self.columns, strict=True))}
@@ -204,7 +240,8 @@ class AssembleSparse(FeatureStage):
 
     Without multi-hot keys every key has one id per row, so ``values`` has a fixed size (``shapes``) and when
     one input holds every key's ids in key order (``alias``), the runner may have that input written straight
-    into ``values`` (and says so with ``out["sparse.aliased"]``); nothing is then copied."""
+    into ``values`` (and says so with ``out["sparse.aliased"]``); nothing is then copied. ``lengths`` and
+    ``offsets`` are then the same in every batch of a size (``constants``)."""
 
     keys: tuple[str, ...]
     sources: tuple[tuple[str, int], ...]
@@ -232,6 +269,16 @@ class AssembleSparse(FeatureStage):
         return {"sparse.values": ((n,), np.dtype(np.int64)), "sparse.lengths": ((n,), np.dtype(np.int32)),
                 "sparse.offsets": ((n + 1,), np.dtype(np.int64))}
 
+    def constants(self, rows: int) -> dict[str, np.ndarray]:
+        """With one id per key and row: ``lengths`` (all 1) and ``offsets`` (0..n), as TorchRec's own Criteo loader
+        shares them between its batches."""
+        if not self.fixed:
+            return {}
+        n = len(self.keys) * rows
+        lengths, offsets = np.empty(n, dtype=np.int32), np.empty(n + 1, dtype=np.int64)
+        ops.one_per_row(lengths, offsets)
+        return {"sparse.lengths": lengths, "sparse.offsets": offsets}
+
     def run(self, data, xp, out=None) -> dict[str, Any]:
         if not self.fixed:
             return {"sparse": self._jagged(data, xp)}
@@ -246,7 +293,8 @@ class AssembleSparse(FeatureStage):
             by_key = values.reshape(len(self.keys), rows)
             for k, (name, row) in enumerate(self.sources):
                 by_key[k] = data[name][row]
-        ops.one_per_row(lengths, offsets)
+        if not (out is not None and out.get("constant") and out.get("sparse.lengths") is lengths):
+            ops.one_per_row(lengths, offsets)
         return {"sparse": ops.Jagged(values, lengths, offsets)}
 
     def _jagged(self, data, xp) -> ops.Jagged:

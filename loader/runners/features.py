@@ -32,6 +32,7 @@ from ..sources.tabular import TabularReader
 from . import transfer
 from .buffers import BufferRing
 from .contract import BatchInfo, RunnerConfig, StageTimes
+from .folded import Folded
 
 MAX_PREFETCH = 64
 _THREAD_PREFIX = "feedline-features"
@@ -47,27 +48,34 @@ def _may_join() -> bool:
 
 
 class _Doorbell:
-    """How a worker tells the batch thread that a batch is done: a byte through a pipe. Writing and waiting are
-    system calls made without the GIL, where a ``Condition`` (a ``Future``'s ``result()``) wakes the waiting
-    thread from inside a call that holds it: on a virtual machine, where waking a thread on another core is
-    slow, the GIL then stays held for the whole wake-up, once per batch. A ring that finds the pipe full is
-    not needed: a wake-up is already pending."""
+    """How a worker tells the batch thread that the batch it waits for is done: a byte through a pipe, and only
+    while it waits for that very batch (``watch``), so that batches finished ahead of time wake nobody.
+    Writing and waiting are system calls made without the GIL, where a ``Condition`` (a ``Future``'s
+    ``result()``) wakes the waiting thread from inside a call that holds it: on a virtual machine, where waking a
+    thread on another core is slow, the GIL then stays held for the whole wake-up, once per batch. A ring that
+    finds the pipe full is not needed: a wake-up is already pending."""
 
     def __init__(self):
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)
         self._closed = False
+        self._watched = None
 
-    def ring(self, _future=None) -> None:
+    def ring(self, future=None) -> None:
+        if future is not None and future is not self._watched:
+            return
         try:
             os.write(self._write, b"\0")
         except (BlockingIOError, OSError):  # full (a wake-up is pending), or closed with the stream
             pass
 
-    def wait(self) -> None:
-        """Until some batch has been finished since the last wait (or was before it, unread)."""
-        select.select([self._read], [], [])
-        os.read(self._read, 4096)
+    def wait_for(self, future) -> None:
+        """Until ``future`` is done (its callback rings the bell once it is watched; a ring may be spurious)."""
+        self._watched = future  # set before looking: a worker finishing now then sees it and rings
+        while not future.done():
+            select.select([self._read], [], [])
+            os.read(self._read, 4096)
+        self._watched = None
 
     def close(self) -> None:
         if not self._closed:
@@ -126,7 +134,14 @@ class FeatureRunner:
         self._crossing = tuple(sorted(made_on_cpu & needed))
         # What goes into a batch's buffer: the crossing arrays, or (all on the CPU) the outputs.
         self._delivered = self._crossing if self.on_gpu else tuple(spec.outputs)
+        # Row-by-row stages folded into reading the table (each chunk prepared once as it is read), if they can be.
+        self._folded = Folded.plan(spec, cut, source)
+        self._prepared = self._folded.rows_of(source) if self._folded is not None else None
         self._layouts: dict[int, tuple[_Layout, dict]] = {}
+        # Outputs every batch of a size shares (the sparse lengths and offsets of one id per key and row), made
+        # once per size, as TorchRec's own loader shares them: they are never written per batch.
+        self._shared: dict[int, dict[str, np.ndarray]] = {}
+        self._device_shared: dict[int, dict[str, torch.Tensor]] = {}
         self._scratch = threading.local()
         # Plans in flight: each thread finds its next plan queued when it finishes one, so it need not be woken
         # (a wake-up is a system call made holding the GIL, and costly on virtual machines).
@@ -157,8 +172,7 @@ class FeatureRunner:
                 if not pending:
                     return
                 plan, future = pending.popleft()
-                while not future.done():
-                    done.wait()
+                done.wait_for(future)
                 try:
                     host = future.result()
                 except BaseException as e:
@@ -186,16 +200,27 @@ class FeatureRunner:
             self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix=_THREAD_PREFIX)
 
     # ---- the CPU part ---------------------------------------------------------------------------------
+    def _constants(self, rows: int) -> dict[str, np.ndarray]:
+        """The CPU stages' outputs that every batch of ``rows`` rows shares (``FeatureStage.constants``)."""
+        constants = self._shared.get(rows)
+        if constants is None:
+            constants = {}
+            for stage in self._cpu_stages:
+                constants.update(stage.constants(rows))
+            self._shared[rows] = constants
+        return constants
+
     def _layout(self, rows: int) -> tuple[_Layout, dict[str, tuple]]:
         """The buffer layout of a batch of ``rows``, and the fixed shapes of every array the CPU stages make."""
         if rows not in self._layouts:
             shapes: dict[str, tuple] = {}
             for stage in self._cpu_stages:
                 shapes.update(stage.shapes(rows))
+            constants = self._constants(rows)
             placed = {}
             for name in self._delivered:
                 for key in (name, f"{name}.values", f"{name}.lengths", f"{name}.offsets"):
-                    if key in shapes:
+                    if key in shapes and key not in constants:
                         placed[key] = shapes[key]
             placed["index"] = ((rows,), np.dtype(np.int64))
             placed["valid"] = ((rows,), np.dtype(np.bool_))
@@ -209,8 +234,12 @@ class FeatureRunner:
         layout, shapes = self._layout(rows)
         placed = layout.views(buffer) if buffer is not None else {}
         scratch = self._scratch.__dict__
-        arrays = {}
+        constants = self._constants(rows)
+        arrays = {"constant": bool(constants)}
         for name, (shape, dtype) in shapes.items():
+            if name in constants:
+                arrays[name] = constants[name]
+                continue
             if name in placed:
                 arrays[name] = placed[name]
                 continue
@@ -228,11 +257,22 @@ class FeatureRunner:
     def _cpu_data(self, plan: BatchPlan, out: dict[str, np.ndarray], timed: dict[str, float] | None = None
                   ) -> dict[str, Any]:
         started = time.thread_time() if timed is not None else 0.0
-        data, bad = self._parse.read(self.source, plan.indices, out)
+        if self._folded is not None:
+            data, bad, charged, spent = self._folded.read(self._prepared, plan.indices, out, charge=timed is not None)
+        else:
+            data, bad = self._parse.read(self.source, plan.indices, out)
         data["valid"] = plan.valid & ~bad
+        done = 1
         if timed is not None:
-            timed[self._parse.name] = timed.get(self._parse.name, 0.0) + time.thread_time() - started
-        for stage in self._cpu_stages[1:]:
+            took = time.thread_time() - started
+            if self._folded is not None:  # the gather's own time, and each folded stage's share of preparing
+                took += charged.get(self._parse.name, 0.0) - spent
+                for stage in self._folded.stages:
+                    timed[stage.name] = timed.get(stage.name, 0.0) + charged.get(stage.name, 0.0)
+            timed[self._parse.name] = timed.get(self._parse.name, 0.0) + took
+        if self._folded is not None:
+            done += len(self._folded.stages)
+        for stage in self._cpu_stages[done:]:
             started = time.thread_time() if timed is not None else 0.0
             data.update(stage.run(data, np, out))
             if timed is not None:
@@ -264,6 +304,10 @@ class FeatureRunner:
             moving["valid"] = out["valid"]
         if self.device.type == "cpu":  # each tensor keeps the ring's buffer taken while the trainer holds it
             return transfer.convert(moving, torch.from_numpy)
+        if not self.on_gpu:  # the shared outputs are on the device already
+            for name in self._constants(rows):
+                group, _, key = name.partition(".")
+                del moving[group][key]
         where = transfer.layout_in(buffer, moving)
         if where is None:  # something of unknown size (list columns, multi-hot keys): packed again, once
             return self._pack(moving)
@@ -292,11 +336,22 @@ class FeatureRunner:
         elif not self.on_gpu:
             tensor, layout = host
             batch = transfer.unpack(tensor.to(self.device, non_blocking=True), layout, transfer.torch_view)
+            for name, shared in self._on_device(plan.indices.size).items():
+                group, _, key = name.partition(".")
+                batch[group][key] = shared
         else:
             batch = self._run_gpu(host)
         if "sparse" in batch:
             batch["sparse"] = {"keys": list(self._keys), **batch["sparse"]}
         return batch
+
+    def _on_device(self, rows: int) -> dict[str, torch.Tensor]:
+        """The shared outputs of a batch of ``rows`` rows on the device, copied there once."""
+        shared = self._device_shared.get(rows)
+        if shared is None:
+            shared = self._device_shared[rows] = {name: torch.from_numpy(array).to(self.device)
+                                                  for name, array in self._constants(rows).items()}
+        return shared
 
     def _run_gpu(self, host, timed: dict[str, float] | None = None) -> dict[str, Any]:
         import cupy
@@ -332,8 +387,10 @@ class FeatureRunner:
         for plan in plans:
             rows = plan.indices.size
             data = self._cpu_data(plan, self._arrays(rows, None), seconds)
-            for stage in self._cpu_stages:
-                out_bytes[stage.name] = out_bytes.get(stage.name, 0.0) + _nbytes({k: data[k] for k in stage.produces})
+            shapes = self._layout(rows)[1]
+            for stage in self._cpu_stages:  # (arrays a folded stage never makes whole: the size they would have)
+                out_bytes[stage.name] = out_bytes.get(stage.name, 0.0) + sum(
+                    _nbytes(data[k]) if k in data else _declared_nbytes(shapes, k) for k in stage.produces)
             if self.on_gpu:
                 self._run_gpu(self._pack({name: data[name] for name in self._crossing}), seconds)
             samples += rows
@@ -346,6 +403,13 @@ class FeatureRunner:
         if self._pool is not None:
             self._pool.shutdown(wait=_may_join(), cancel_futures=True)
             self._pool = None
+
+
+def _declared_nbytes(shapes: dict, name: str) -> float:
+    if name not in shapes:
+        return 0.0
+    shape, dtype = shapes[name]
+    return float(np.prod(shape, dtype=np.int64) * np.dtype(dtype).itemsize)
 
 
 def _nbytes(value) -> float:

@@ -17,6 +17,7 @@ import glob
 import os
 import sys
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -170,7 +171,13 @@ class ChunkedTable:
         self._loading: dict[int, _Loading] = {}
         self._lock = threading.Lock()
         self._met_bad: set[int] = set()
+        self._prepared: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.bytes_per_row = sum(_size(p) for p in self.paths) / self.num_rows
+        # Bytes a cached row takes (what a gather reads from): a format's own, else parsed blocks' (an int64 or
+        # float64 value and a missing flag per scalar column).
+        scalars = len(self._ints) + len(self._floats)
+        sizes = [getattr(reader, "cached_row_bytes", lambda path: None)(p) for p in self.paths]
+        self.cached_row_bytes = max((s if s is not None else 9.0 * scalars for s in sizes), default=9.0 * scalars)
 
     def __len__(self) -> int:
         return self.num_rows
@@ -208,12 +215,7 @@ class ChunkedTable:
                 raise loading.error
             return loading.chunk
         try:
-            f = int(self.file_of[c])
-            if hasattr(self.reader, "load_block"):
-                block = self.reader.load_block(self.paths[f], self.indexes[f], int(self.chunk_local[c]), self._spare)
-                loading.chunk = _Packed(block, {}, np.zeros(block.rows, dtype=bool), {}, False)
-            else:
-                loading.chunk = self._pack(self.reader.load(self.paths[f], self.indexes[f], int(self.chunk_local[c])))
+            loading.chunk = self._load(c)
         except BaseException as exc:
             loading.error = exc
             raise
@@ -231,6 +233,60 @@ class ChunkedTable:
                             del self._retired[:-SPARE_BUFFERS]
             loading.done.set()
         return loading.chunk
+
+    def _load(self, c: int) -> _Packed:
+        """Chunk ``c`` read and parsed (not cached)."""
+        f = int(self.file_of[c])
+        if hasattr(self.reader, "load_block"):
+            block = self.reader.load_block(self.paths[f], self.indexes[f], int(self.chunk_local[c]), self._spare)
+            return _Packed(block, {}, np.zeros(block.rows, dtype=bool), {}, False)
+        return self._pack(self.reader.load(self.paths[f], self.indexes[f], int(self.chunk_local[c])))
+
+    def load_raw(self, c: int) -> tuple[_Packed, bool]:
+        """Chunk ``c`` as ``gather`` reads it, and whether the caller owns it: the cached chunk if there is one
+        (not owned), else one read for the caller alone, which nothing caches (hand it to ``release_raw`` when
+        done, so that its buffer is read into again)."""
+        with self._lock:
+            chunk = self._cache.get(c)
+        if chunk is not None:
+            return chunk, False
+        return self._load(c), True
+
+    def release_raw(self, chunk: _Packed) -> None:
+        """An owned chunk of ``load_raw`` that nothing reads any more: its buffer is read into again."""
+        if hasattr(self.reader, "load_block") and chunk.block.data.base is None:  # a buffer read into
+            with self._lock:
+                self._retired.append(chunk.block.data)
+                del self._retired[:-SPARE_BUFFERS]
+
+    def picks(self, label: str | None, dense: tuple[str, ...], categorical: tuple[str, ...]) -> np.ndarray:
+        """``ops.gather_columns``' picks of the named columns of a chunk's block."""
+        picks = self._picks.get((label, dense, categorical))
+        if picks is None:
+            where = self._block_column
+            picks = self._picks[(label, dense, categorical)] = ops.gather_picks(
+                None if label is None else where[label], [where[k] for k in dense], [where[k] for k in categorical])
+        return picks
+
+    def gather_chunk(self, chunk: _Packed, start: int, stop: int, *, label: str | None, dense: tuple[str, ...],
+                     categorical: tuple[str, ...], missing_id: int, label_out: np.ndarray | None = None,
+                     dense_out: np.ndarray | None = None, ids_out: np.ndarray | None = None) -> None:
+        """Rows ``start..stop`` of a chunk of ``load_raw``, in order, written as ``gather`` writes rows."""
+        local = np.arange(start, stop, dtype=np.int64)
+        ops.gather_columns(chunk.block, self.picks(label, dense, categorical), local, local - start,
+                           missing_id=missing_id, label=label_out, dense=dense_out, ids=ids_out)
+
+    def prepared_rows(self, key, layout: ops.RowLayout, prepare, *, read_stage: str):
+        """The table's rows in finished form (``PreparedRows``), shared by everybody asking with an equal
+        ``key`` while any of them holds it."""
+        from .prepared import PreparedRows
+
+        with self._lock:
+            rows = self._prepared.get(key)
+            if rows is None:
+                rows = PreparedRows(self, layout, prepare, read_stage=read_stage)
+                self._prepared[key] = rows
+        return rows
 
     def _spare(self, nbytes: int) -> np.ndarray | None:
         """A retired buffer of ``nbytes`` that nothing refers to any more (a gather still running on its chunk
@@ -311,11 +367,7 @@ class ChunkedTable:
         if not (isinstance(rows, np.ndarray) and rows.dtype == np.int64 and rows.ndim == 1):
             rows = check_rows(rows, self.num_rows)  # (the range is checked with the grouping)
         rows = np.ascontiguousarray(rows)
-        picks = self._picks.get((label, dense, categorical))
-        if picks is None:
-            where = self._block_column
-            picks = self._picks[(label, dense, categorical)] = ops.gather_picks(
-                None if label is None else where[label], [where[k] for k in dense], [where[k] for k in categorical])
+        picks = self.picks(label, dense, categorical)
         bad = np.zeros(rows.size, dtype=bool)
         bads: list[tuple[int, _Packed, int]] = []
         parts: dict[str, list] = {k: [] for k in lists}

@@ -132,6 +132,13 @@ class ColumnarFormat:
                                 "chunk_rows": per_chunk, "layout": RecordLayout(dtypes)}
         return ChunkIndex(starts, starts + counts, starts + 1, counts, np.full(counts.size, -1, dtype=np.int64))
 
+    def cached_row_bytes(self, folder: str) -> float:
+        """Bytes a row of a chunk read by ``load_block`` takes: its record and its flags."""
+        table = self._tables[folder]
+        if table["version"] == 1:
+            return 9.0 * len(table["wanted"])
+        return float(table["layout"].record + table["layout"].flag_bytes)
+
     def load_block(self, folder: str, index: ChunkIndex, chunk: int,
                    spare: Callable[[int], np.ndarray | None] = lambda nbytes: None) -> ops.ColumnBlock:
         """The chunk as it lies in the file, read with one ``pread`` into ``spare(nbytes)`` (a buffer of an

@@ -50,6 +50,8 @@ _QUOTE = 0x22
 _MIN_DIV10 = -922337203685477580  # int64's smallest value / 10, rounded towards zero
 _INT64_MIN = -(1 << 63)
 _MASK32 = 0xFFFFFFFF
+# Positions start at this typed zero: a literal 0 would have numba compile each reader once more for it.
+_ZERO = np.int64(0)
 _POW10 = np.array([10.0 ** k for k in range(23)])  # all exact doubles
 _TWO53 = 1 << 53
 _HEX_DIGITS = np.full(256, 255, dtype=np.uint8)
@@ -407,20 +409,22 @@ def _value(b, q, kind, slot, seed, row, classes, hex_digits, list_delimiter, pow
 
 @njit(nogil=True, cache=True)
 def _quoted(b, q, kind, slot, seed, row, classes, crlf, hex_digits, list_delimiter, pow10, ints, floats, lists,
-            list_counts, scratch):
+            list_counts, scratch, unquoted):
     """The quoted field at b[q] into its block -> (the byte after it, status); QUOTE_OPEN (or a control character
-    inside) and text after the closing quote are reported as QUOTE_OPEN, for _split to explain."""
+    inside) and text after the closing quote are reported as QUOTE_OPEN, for _split to explain. The content is
+    written into ``scratch`` and read back through ``unquoted``, the same memory seen read-only like ``b``, so
+    that the field readers compile once for both."""
     after, n, quoted = _unquote(b, q, classes, crlf, scratch)
     if quoted != OK or classes[b[after]] == ORD:
         return after, QUOTE_OPEN
     if n == 0:
         return after, EMPTY
     if kind == STRING:  # the whole content, delimiters inside included
-        ints[row, slot] = _string_key(_murmur3(scratch, 0, n, seed), seed)
+        ints[row, slot] = _string_key(_murmur3(unquoted, _ZERO, n, seed), seed)
         return after, OK
     if kind == SKIP:
         return after, OK
-    end, status = _value(scratch, 0, kind, slot, seed, row, classes, hex_digits, list_delimiter, pow10, ints, floats,
+    end, status = _value(unquoted, _ZERO, kind, slot, seed, row, classes, hex_digits, list_delimiter, pow10, ints, floats,
                          lists, list_counts)
     if end != n and status == OK:  # the content holds a delimiter
         status = FALLBACK if kind == FLOAT else NOT_NUMBER
@@ -635,7 +639,7 @@ def _fast_line(b, words, q, row, kinds, slots, seeds, required, classes, hex_dig
 @njit(nogil=True, cache=True)
 def _careful_line(b, q, row, kinds, slots, seeds, required, classes, hex_digits, delimiter, quoting, crlf,
                   list_delimiter, pow10, ints, floats, missing, lists, list_counts, err_field, err_start, err_end,
-                  fallback, fallbacks, scratch):
+                  fallback, fallbacks, scratch, unquoted):
     """The line at b[q], every field checked and explained -> (the next line's start, status, fallbacks)."""
     num_fields = kinds.size
     num_ints = ints.shape[1]
@@ -652,7 +656,7 @@ def _careful_line(b, q, row, kinds, slots, seeds, required, classes, hex_digits,
             field_status = EMPTY
         elif quoting and c == _QUOTE:
             q, field_status = _quoted(b, q, kind, slot, seeds[j], row, classes, crlf, hex_digits, list_delimiter,
-                                      pow10, ints, floats, lists, list_counts, scratch)
+                                      pow10, ints, floats, lists, list_counts, scratch, unquoted)
             if field_status == QUOTE_OPEN:
                 split = False
                 break
@@ -715,7 +719,7 @@ def _careful_line(b, q, row, kinds, slots, seeds, required, classes, hex_digits,
 @njit(nogil=True, cache=True)
 def _parse(b, words, rows, kinds, slots, seeds, required, classes, hex_digits, delimiter, quoting, crlf,
            list_delimiter, pow10, ints, floats, missing, list_offsets, lists, err, err_field, err_start, err_end,
-           fallback, scratch, keep):
+           fallback, scratch, unquoted, keep):
     """Every line into the blocks; per row ``err`` (a status code), the field at fault and a span (a field's
     bytes, a control character's position, or the field count in ``err_start``). ``fallback``: [k, 0..5] =
     row, field, slot, start, end, quoted, for the floats left to Python; returns how many. ``words``: the
@@ -723,10 +727,10 @@ def _parse(b, words, rows, kinds, slots, seeds, required, classes, hex_digits, d
     num_lists = list_offsets.shape[0]
     list_counts = np.zeros(max(num_lists, 1), dtype=np.int64)
     seps = np.empty(kinds.size, dtype=np.int64)
-    fallbacks = 0
+    fallbacks = _ZERO
     end_of_data = b.size
     fast = words.size > 0
-    q = 0
+    q = _ZERO
     for row in range(rows):
         if q >= end_of_data:
             err[row] = NO_LINE
@@ -747,7 +751,7 @@ def _parse(b, words, rows, kinds, slots, seeds, required, classes, hex_digits, d
             q, status, fallbacks = _careful_line(
                 b, q, row, kinds, slots, seeds, required, classes, hex_digits, delimiter, quoting, crlf,
                 list_delimiter, pow10, ints, floats, missing, lists, list_counts, err_field, err_start, err_end,
-                fallback, fallbacks, scratch)
+                fallback, fallbacks, scratch, unquoted)
             err[row] = status
             if status != OK:  # (its ints and floats are zeroed by the caller)
                 for k in range(num_lists):
@@ -796,11 +800,13 @@ def parse_text(data: bytes, rows: int, layout: Layout) -> TextChunk:
     err_end = np.empty(rows, dtype=np.int64)
     fallback = np.empty((rows * num_floats, 6), dtype=np.int64)
     scratch = np.empty(len(data) + 1 if syntax.quoting else 1, dtype=np.uint8)
+    unquoted = scratch.view()
+    unquoted.flags.writeable = False
     words = np.ndarray((b.size - 7,) if b.size >= 8 else (0,), dtype="<u8", buffer=data, strides=(1,))
     fallbacks = _parse(b, words, rows, layout.kinds, layout.slots, layout.seeds, layout.required, layout.classes,
                        _HEX_DIGITS, layout.delimiter, syntax.quoting, syntax.crlf, layout.list_delimiter, _POW10,
                        ints, floats, missing, list_offsets, lists, err, err_field, err_start, err_end,
-                       fallback, scratch, _KEEP)
+                       fallback, scratch, unquoted, _KEEP)
     if fallbacks:
         _python_floats(data, layout, fallback[:fallbacks], floats, missing, err, err_field, err_start, err_end)
     bad = err != OK

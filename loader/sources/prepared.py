@@ -1,0 +1,230 @@
+"""A streamed table's rows in their finished form: the first time a batch needs a chunk, the chunk is read, run
+through the pipeline's per-row stages (``prepare``: parse, normalise, hash) in order, and kept as a row block
+(``ops.RowLayout``: a few 32-bit words a row), so that a batch only gathers finished rows, in one pass over
+any number of chunks. Each row is still prepared once each time its chunk is read: once an epoch, or once in
+all for a table that fits in the cache.
+
+The blocks kept are bounded like the table's own cache (``cache_rows`` rows); the chunks a batch reads are
+pinned while it reads them, so that no other thread drops them meanwhile. Each block keeps what its
+preparation cost per stage (thread seconds), so that a profile charges every prepared row its share once.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from ... import ops
+
+SPARE_BLOCKS = 4  # dropped blocks kept for preparing the next chunks into
+
+
+class PreparedGather(NamedTuple):
+    """What ``PreparedRows.gather`` gives besides the arrays it wrote: which rows are bad, the stage seconds
+    charged to these rows (when asked), and the thread seconds this call spent preparing chunks."""
+
+    bad: np.ndarray
+    charged: dict
+    spent: float
+
+
+@dataclass
+class _Loading:
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+class _Held(NamedTuple):
+    bad: np.ndarray | None  # its bad rows (None: none)
+    reasons: dict
+
+
+class _Scratch:
+    def __init__(self, n: int, chunks: int):
+        self.n = n
+        self.chunk = np.empty(n, dtype=np.int64)
+        self.local = np.empty(n, dtype=np.int64)
+        self.touched = np.empty(max(min(n, chunks), 1), dtype=np.int64)
+        self.counts = np.empty_like(self.touched)
+
+
+class PreparedRows:
+    """``table``'s rows as ``prepare(raw_chunk, block) -> {stage: thread seconds}`` writes them into a block of
+    ``layout`` (``raw_chunk``: the table's chunk as ``load_raw`` gives it). ``read_stage``: the stage that
+    reading a chunk is charged to."""
+
+    def __init__(self, table, layout: ops.RowLayout, prepare: Callable[[object, np.ndarray], dict],
+                 *, read_stage: str):
+        self.table = table
+        self.layout = layout
+        self.blocks = ops.RowBlocks(table.chunk_rows, layout)
+        self._prepare = prepare
+        self._read_stage = read_stage
+        self.cache_rows = table.cache_rows
+        chunks = table.chunk_rows.size
+        self._lock = threading.Lock()
+        self._pins = np.zeros(chunks, dtype=np.int64)
+        self._stamps = np.zeros(chunks, dtype=np.int64)  # when each chunk was last read: the oldest goes first
+        self._clock = 0
+        self._held: dict[int, _Held] = {}
+        self._held_rows = 0
+        self._loading: dict[int, _Loading] = {}
+        self._spare: list[np.ndarray] = []
+        self._local = threading.local()
+        self._stages: list[str] = [read_stage]
+        self._seconds = np.zeros((chunks, 1), dtype=np.float64)  # per chunk and stage (``_stages``)
+        self._uncharged = np.zeros(chunks, dtype=np.int64)  # rows no profile has been charged for yet
+        self.prepared_chunks = 0  # chunks prepared so far (a chunk read again counts again)
+
+    def chunks_in_memory(self) -> int:
+        return len(self._held)
+
+    def gather(self, rows: np.ndarray, *, label=None, dense=None, ids=None, more=None,
+               charge: bool = False) -> PreparedGather:
+        """Rows ``rows`` (global numbers, any order) written into the batch's arrays, position ``i`` for
+        ``rows[i]`` (as ``ops.gather_rows``). ``charge``: also give each stage's seconds charged to these rows."""
+        table = self.table
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        scratch = self._scratch(rows.size)
+        found = ops.locate_rows(rows, table.first_row, table.num_rows, scratch.chunk, scratch.local,
+                                scratch.touched, scratch.counts)
+        touched = scratch.touched[:found].copy()
+        with self._lock:
+            self._pins[touched] += 1
+        try:
+            spent = self._ensure(touched.tolist())
+            ops.gather_rows(self.blocks, scratch.chunk, scratch.local, label=label, dense=dense, ids=ids, more=more)
+            with self._lock:
+                self._clock += 1
+                self._stamps[touched] = self._clock
+                charged = self._charge(touched, scratch.counts[:found]) if charge else {}
+                bads = [(c, self._held[c]) for c in touched.tolist() if self._held[c].bad is not None]
+        finally:
+            with self._lock:
+                self._pins[touched] -= 1
+        bad = np.zeros(rows.size, dtype=bool)
+        if bads:
+            self._note_bads(rows, scratch, bads, bad)
+        return PreparedGather(bad, charged, spent)
+
+    def _scratch(self, n: int) -> _Scratch:
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None or scratch.n != n:
+            scratch = self._local.scratch = _Scratch(n, self.table.chunk_rows.size)
+        return scratch
+
+    def _charge(self, touched: np.ndarray, counts: np.ndarray) -> dict[str, float]:
+        """Each stage's seconds for the rows of ``touched`` (``counts`` of each) not charged before."""
+        take = np.minimum(counts, self._uncharged[touched])
+        self._uncharged[touched] -= take
+        share = take / np.maximum(self.table.chunk_rows[touched], 1)
+        seconds = share @ self._seconds[touched]
+        return {stage: float(s) for stage, s in zip(self._stages, seconds.tolist())}
+
+    # ---- preparing chunks -----------------------------------------------------------------------------
+    def _ensure(self, chunks: list[int]) -> float:
+        """Every chunk of ``chunks`` (pinned) prepared: those nobody holds or prepares by this thread, one at a
+        time (threads start at different chunks, so that those reading one buffer-full share the work), then
+        waiting for the others'. Returns the thread seconds this thread spent preparing."""
+        spent = 0.0
+        start = threading.get_ident() % max(len(chunks), 1)
+        pending = chunks[start:] + chunks[:start]
+        while pending:
+            waiting = []
+            for c in pending:
+                with self._lock:
+                    if c in self._held:
+                        continue
+                    loading = self._loading.get(c)
+                    mine = loading is None
+                    if mine:
+                        loading = self._loading[c] = _Loading()
+                if not mine:
+                    waiting.append((c, loading))
+                    continue
+                began = time.thread_time()
+                try:
+                    self._load(c)
+                except BaseException as exc:
+                    loading.error = exc
+                    raise
+                finally:
+                    with self._lock:
+                        del self._loading[c]
+                    loading.done.set()
+                    spent += time.thread_time() - began
+            for c, loading in waiting:
+                loading.done.wait()
+                if loading.error is not None:
+                    raise loading.error
+            with self._lock:
+                pending = [c for c, _ in waiting if c not in self._held]  # (one whose preparer failed: again)
+        return spent
+
+    def _load(self, c: int) -> None:
+        table = self.table
+        rows = int(table.chunk_rows[c])
+        began = time.thread_time()
+        raw, owned = table.load_raw(c)
+        read = time.thread_time() - began
+        try:
+            block = self._block(rows)
+            seconds = dict(self._prepare(raw, block))
+            held = _Held(np.array(raw.bad) if raw.any_bad else None, dict(raw.reasons) if raw.any_bad else {})
+        finally:
+            if owned:
+                table.release_raw(raw)
+        seconds[self._read_stage] = seconds.get(self._read_stage, 0.0) + read
+        with self._lock:
+            for stage in seconds:
+                if stage not in self._stages:
+                    self._stages.append(stage)
+                    self._seconds = np.concatenate([self._seconds, np.zeros((self._seconds.shape[0], 1))], axis=1)
+            self._seconds[c] = [seconds.get(stage, 0.0) for stage in self._stages]
+            self._uncharged[c] = rows
+            self.blocks.set(c, block)
+            self._held[c] = held
+            self._held_rows += rows
+            self.prepared_chunks += 1
+            self._evict()
+
+    def _block(self, rows: int) -> np.ndarray:
+        """A block for ``rows`` rows: in the memory of a dropped one where one is large enough, else new."""
+        words = rows * self.layout.width
+        with self._lock:
+            for k in range(len(self._spare)):
+                if words <= self._spare[k].size <= 2 * words:
+                    return self._spare.pop(k)[:words].reshape(rows, self.layout.width)
+        return np.empty(words, dtype=np.uint32).reshape(rows, self.layout.width)
+
+    def _evict(self) -> None:
+        """(Holding the lock.) The least recently read chunks that no batch is reading dropped, while more
+        than ``cache_rows`` rows are held."""
+        if self._held_rows <= self.cache_rows:
+            return
+        free = [c for c in self._held if self._pins[c] == 0]
+        free.sort(key=lambda c: self._stamps[c])
+        for c in free:
+            if self._held_rows <= self.cache_rows:
+                break
+            block = self.blocks.drop(c)
+            del self._held[c]
+            self._held_rows -= int(self.table.chunk_rows[c])
+            if block is not None and block.base is not None:
+                self._spare.append(block.base)
+                del self._spare[:-SPARE_BLOCKS]
+
+    # ---- bad rows -------------------------------------------------------------------------------------
+    def _note_bads(self, rows: np.ndarray, scratch: _Scratch, bads: list, bad: np.ndarray) -> None:
+        """Mark the bad rows among ``rows`` and note each (raise, or list it once), in the order asked for."""
+        noted = []
+        for c, held in bads:
+            at = np.flatnonzero(scratch.chunk == c)
+            here = held.bad[scratch.local[at]]
+            bad[at[here]] = True
+            noted += [(int(k), held, c) for k in at[here].tolist()]
+        for k, held, c in sorted(noted, key=lambda item: item[0]):
+            self.table._note_bad(int(rows[k]), held, c)
