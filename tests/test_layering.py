@@ -38,6 +38,7 @@ SHARED_LEAVES = {
     "loader.sampler": "the epoch's sample order, which runners, placement and the Loader share",
     "pipelines.stage": "the Stage declaration that image stages subclass",
     "pipelines.geometry": "crop and resize arithmetic shared by image stages",
+    "pipelines.validate": "checks of argument values, shared by every layer",
 }
 
 
@@ -292,7 +293,7 @@ GOOD_TREE = {
     "loader/sources/__init__.py": "", "loader/runners/__init__.py": "", "loader/placement/__init__.py": "",
     "pipelines/imaging/__init__.py": "",
     "ops/hashing.py": "import numpy\n",
-    "pipelines/stage.py": "", "pipelines/geometry.py": "", "loader/devices.py": "", "loader/sampler.py": "",
+    "pipelines/stage.py": "", "pipelines/geometry.py": "", "pipelines/validate.py": "", "loader/devices.py": "", "loader/sampler.py": "",
     "pipelines/spec.py": "from .. import ops\nfrom ..ops.hashing import murmur\n",
     "pipelines/imaging/crop.py": "from ..stage import Stage\n",
     "loader/errors.py": "from ..pipelines.spec import x\n",
