@@ -1,0 +1,149 @@
+"""Running a Loader for its profile: its rate with no trainer (capacity), then under a trainer step, with when
+the trainer asked for each batch, got it and finished its step; then the same trainer loop fed from batches
+already made (the headroom: what the loop reaches when data costs nothing).
+
+The Loader's position is saved before and loaded back after (``state_dict``), so a profile takes nothing from the
+trainer's epochs: the next iteration starts where it would have.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from ..pipelines.validate import positive_int
+from .epochs import batch_size_of, endless
+
+AUTO = "auto"
+READY_S = 0.001     # a batch handed over within this was waiting in the queue when the trainer asked
+HELD_BATCHES = 8    # batches kept to replay the trainer loop on (the headroom)
+
+Step = Callable[[dict], Any]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One timed stretch of ``batches`` batches: per batch (asked, got, step done), seconds from its start."""
+
+    samples: int
+    seconds: float
+    timeline: tuple[tuple[float, float, float], ...]
+
+    @property
+    def batches(self) -> int:
+        return len(self.timeline)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else math.inf
+
+    @property
+    def waits(self) -> list[float]:
+        return [got - asked for asked, got, _ in self.timeline]
+
+    @property
+    def wait_share(self) -> float:
+        return sum(self.waits) / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def ready_share(self) -> float:
+        """Batches that were already made and queued when the trainer asked for them."""
+        return sum(w < READY_S for w in self.waits) / max(self.batches, 1)
+
+    @property
+    def step_s(self) -> float:
+        """The trainer's mean step (0.0 with no trainer)."""
+        return sum(done - got for _, got, done in self.timeline) / max(self.batches, 1)
+
+
+def check_step(trainer_step_ms: Any, train_step: Any) -> float | str | None:
+    """``trainer_step_ms``: None, ``"auto"`` or milliseconds > 0; ``train_step`` a callable or None; not both."""
+    if train_step is not None:
+        if not callable(train_step):
+            raise TypeError(f"train_step must be a function of one batch, got {type(train_step).__name__}")
+        if trainer_step_ms is not None:
+            raise ValueError("give trainer_step_ms (a simulated step) or train_step (your own), not both")
+        return None
+    if trainer_step_ms is None or trainer_step_ms == AUTO:
+        return trainer_step_ms
+    if isinstance(trainer_step_ms, bool) or not isinstance(trainer_step_ms, (int, float)) \
+            or not math.isfinite(trainer_step_ms) or trainer_step_ms <= 0:
+        raise ValueError(f"trainer_step_ms must be a positive, finite number of milliseconds, 'auto' or None, got "
+                         f"{trainer_step_ms!r}")
+    return float(trainer_step_ms)
+
+
+def sleeper(seconds: float) -> Step:
+    """A simulated trainer step: ``time.sleep`` releases the GIL, as a trainer waiting on its GPU kernels does."""
+    return lambda batch: time.sleep(seconds)
+
+
+def timed(stream: Iterator, batches: int, step: Step | None, sync: Callable[[], None]) -> Run:
+    """``batches`` batches from ``stream``, running ``step`` on each after taking it."""
+    timeline = []
+    samples = 0
+    sync()
+    start = time.perf_counter()
+    for _ in range(batches):
+        asked = time.perf_counter()
+        batch = next(stream)
+        got = time.perf_counter()
+        samples += batch_size_of(batch)
+        if step is not None:
+            step(batch)
+        timeline.append((asked - start, got - start, time.perf_counter() - start))
+    sync()
+    return Run(samples, time.perf_counter() - start, tuple(timeline))
+
+
+@dataclass(frozen=True)
+class Measured:
+    capacity: Run             # no trainer: the loader's own rate
+    loaded: Run | None        # under the trainer's step, when there is one
+    headroom: Run | None      # the trainer's step on batches already made
+    step_ms: float | None     # the simulated step, when one was given or chosen (auto)
+
+
+def measure(loader, *, batches: int, trainer_step_ms: float | str | None = None,
+            train_step: Step | None = None) -> Measured:
+    """Time ``loader`` as its trainer sees it, then give it back at the position it had."""
+    positive_int("batches", batches)
+    trainer_step_ms = check_step(trainer_step_ms, train_step)
+    sync = _sync(loader)
+    state = loader.state_dict()
+    summaries = dict(loader.epoch_summaries)
+    stream = endless(lambda: loader)
+    try:
+        for _ in range(1 + loader.prefetch):  # the first iteration places the pipeline (auto) and warms it up
+            next(stream)
+        capacity = timed(stream, batches, None, sync)
+        step, step_ms = train_step, None
+        if trainer_step_ms is not None:
+            step_ms = 1000.0 * capacity.seconds / capacity.batches if trainer_step_ms == AUTO else trainer_step_ms
+            step = sleeper(step_ms / 1000.0)
+        loaded = None
+        if step is not None:
+            for _ in range(loader.prefetch):  # the queue refills while the trainer steps
+                step(next(stream))
+            loaded = timed(stream, batches, step, sync)
+        held = [next(stream) for _ in range(HELD_BATCHES)] if step is not None else []
+    finally:
+        stream.close()
+        loader.load_state_dict(state)
+        loader.epoch_summaries.clear()
+        loader.epoch_summaries.update(summaries)
+    headroom = timed(_replay(held), batches, step, sync) if held else None
+    return Measured(capacity, loaded, headroom, step_ms)
+
+
+def _replay(held: list) -> Iterator:
+    while True:
+        yield from held
+
+
+def _sync(loader) -> Callable[[], None]:
+    if getattr(loader.device, "type", "cpu") == "cuda":
+        import torch
+        return torch.cuda.synchronize
+    return lambda: None

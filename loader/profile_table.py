@@ -1,0 +1,68 @@
+"""A profile as text: the stages where they run, the placements, what was measured, and the recommendation."""
+from __future__ import annotations
+
+import math
+
+
+def number(value) -> str:
+    """Whole numbers with thousands separators from 1,000, three significant digits below; '-' for none."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _columns(rows: list[tuple[str, ...]], numeric: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+             for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def format_profile(p) -> str:
+    place = p.placement
+    threads = f"{place['threads']} thread{'s' if place['threads'] != 1 else ''}"
+    lines = [f"{p.pipeline}: batch {p.batch_size:,}, placement {place['placement']} (cut {place['cut']}), {threads}, "
+             f"prefetch {place['prefetch']}, on {p.device}", ""]
+    rows = [("stage", "where", "ms/sample", "ms/batch", "share", "bytes out/sample")]
+    for s in p.stages:
+        rows.append((s["stage"], s["backend"], number(s["ms_per_sample"]), number(s["ms_per_sample"] * p.batch_size),
+                     f"{s['share']:.0%}", _bytes(s["bytes_out_per_sample"]) if s["backend"] != "pcie" else ""))
+    lines += _columns(rows, {2, 3, 4})
+    b = p.bottleneck
+    lines += ["", f"bottleneck  {b['stage']} on the {b['resource']}: {b['share']:.0%} of the time, "
+                  f"{number(b['ms_per_sample'])} ms per sample", ""]
+    rows = [("placement", "threads", "predicted samples/s", "measured samples/s", "bound by")]
+    for r in p.placements:
+        name = r["placement"] + (" (current)" if r["current"] else "")
+        if r["predicted_samples_per_s"] is None:
+            rows.append((name, "-", r["why_not"] or "-", number(r["measured_samples_per_s"]), "-"))
+        else:
+            rows.append((name, str(r["threads"]), number(r["predicted_samples_per_s"]),
+                         number(r["measured_samples_per_s"]), r["bound_by"]))
+    lines += _columns(rows, {1, 3})
+    m = p.measured
+    lines += ["", f"capacity    {number(m['capacity_samples_per_s'])} samples/s measured with no trainer "
+                  f"({m['batches']} batches), {number(m['predicted_samples_per_s'])} predicted"]
+    if m["delivered_samples_per_s"] is not None:
+        lines.append(f"trainer     step {number(m['trainer_step_ms'])} ms: {number(m['delivered_samples_per_s'])} "
+                     f"samples/s delivered; the trainer waits {m['trainer_wait_share']:.0%} of its time "
+                     f"({number(m['mean_wait_ms'])} ms when it waits); {m['queued_share']:.0%} of batches were "
+                     f"queued when it asked")
+        lines.append(f"headroom    {number(p.headroom_samples_per_s)} samples/s: the trainer loop on batches "
+                     f"already made (the most the loader could deliver to it)")
+    else:
+        lines.append("headroom    needs a trainer step (trainer_step_ms, train_step; --trainer-step-ms)")
+    r = p.recommendation
+    gain = "" if r["action"] == "none" else \
+        f" ({'up to ' if r['bound'] else ''}x{r['predicted_gain']:.2f} predicted)"
+    lines.append(f"recommend   {r['words']}{gain}")
+    lines += [f"note        {n}" for n in p.notes]
+    return "\n".join(lines)
