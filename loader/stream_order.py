@@ -22,66 +22,33 @@ from typing import Iterator
 import numpy as np
 
 from ..ops.sequence_rows import sequence_rows
-from .sampler import BatchPlan, LastBatch, parse_last_batch
+from ..pipelines.validate import positive_int
+from .sampler import BatchPlan, LastBatch, Order
 
 DEFAULT_BUFFER_ROWS = 1 << 16
 KEPT_WINDOWS = 2  # windows whose rows are kept made: a batch may straddle two
 
 
-def _positive(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
+class StreamOrder(Order):
+    """An ``Order`` over a streamed table's chunks. ``chunk_rows``: rows per chunk, in file order;
+    ``chunk_groups``: each chunk's group (non-decreasing)."""
 
-
-class StreamOrder:
-    """The same interface as ``EpochSampler`` (``epoch``, ``__len__``, ``shard_size``), over chunks.
-
-    ``chunk_rows``: rows per chunk, in file order; ``chunk_groups``: each chunk's group (non-decreasing)."""
+    unit = "rows"
 
     def __init__(self, chunk_rows, chunk_groups, batch_size: int, *, shuffle: bool = True, seed: int = 0,
                  rank: int = 0, world_size: int = 1, last_batch: LastBatch | str = LastBatch.PARTIAL,
                  buffer_rows: int = DEFAULT_BUFFER_ROWS):
         self.chunk_rows = np.asarray(chunk_rows, dtype=np.int64)
         self.chunk_groups = np.asarray(chunk_groups, dtype=np.int64)
-        self.num_samples = _positive("rows", int(self.chunk_rows.sum()))
-        self.batch_size = _positive("batch_size", batch_size)
-        self.world_size = _positive("world_size", world_size)
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.world_size:
-            raise ValueError(f"rank must be an integer in [0, world_size={self.world_size}), got {rank!r}")
-        if not isinstance(shuffle, bool):
-            raise TypeError(f"shuffle must be True or False, got {shuffle!r}")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        self.rank, self.shuffle, self.seed = int(rank), shuffle, int(seed)
-        self.buffer_rows = _positive("shuffle_buffer", buffer_rows)
-        self.last_batch = parse_last_batch(last_batch)
+        self._arguments(int(self.chunk_rows.sum()), batch_size, shuffle=shuffle, seed=seed, rank=rank,
+                        world_size=world_size, last_batch=last_batch, num_samples_name="rows")
+        self.buffer_rows = positive_int("shuffle_buffer", buffer_rows)
         self.first_row = np.concatenate([[0], np.cumsum(self.chunk_rows)[:-1]]).astype(np.int64)
         starts = np.flatnonzero(np.diff(self.chunk_groups, prepend=-1) != 0)
         self._group_chunks = np.split(np.arange(self.chunk_rows.size), starts[1:])
-        if self.last_batch is LastBatch.DROP and len(self) == 0:
-            raise ValueError(f"last_batch='drop' with batch_size={batch_size} and {self.world_size} rank(s) "
-                             f"leaves no batch from {self.num_samples} rows")
         self._epoch_order: tuple = (None, None, None)  # the last epoch's chunk order and its rows' starts
         self._last_window: tuple = (None, None)
         self._kept_windows: list = []  # ((epoch, window), rows, valid), the latest first
-
-    # ---- sizes ------------------------------------------------------------------------------------
-    @property
-    def per_rank(self) -> int:
-        """Rows (padding included) each rank delivers per epoch."""
-        if self.last_batch is LastBatch.DROP:
-            return (self.num_samples // self.world_size) // self.batch_size * self.batch_size
-        rows = -(-self.num_samples // self.world_size)
-        if self.last_batch is LastBatch.PAD:
-            rows = -(-rows // self.batch_size) * self.batch_size
-        return rows
-
-    def __len__(self) -> int:
-        return -(-self.per_rank // self.batch_size)
-
-    def shard_size(self, epoch: int) -> int:
-        return self.per_rank
 
     # ---- the order --------------------------------------------------------------------------------
     def _chunk_order(self, epoch: int) -> np.ndarray:
@@ -117,8 +84,7 @@ class StreamOrder:
             if key == (epoch, window):
                 return rows, valid
         order, seq_start = self._sequence(epoch)
-        base = self.rank * self.per_rank if self.last_batch is not LastBatch.DROP else \
-            self.rank * ((self.num_samples // self.world_size) // self.batch_size * self.batch_size)
+        base = self.rank * self.per_rank
         rows = np.empty(size, dtype=np.int64)
         valid = np.empty(size, dtype=bool)
         # Position base + w_start + perm[...] in the epoch's row sequence; padding repeats rows, marked invalid.
@@ -146,14 +112,9 @@ class StreamOrder:
 
     def epoch(self, epoch: int, start_batch: int = 0, *, start_sample: int | None = None,
               first_batch: int | None = None) -> Iterator[BatchPlan]:
-        """The epoch's batches, made lazily (as ``EpochSampler.epoch``; memory does not grow with the rows)."""
+        """The epoch's plans, made lazily (memory does not grow with the rows)."""
+        number, spans = self.spans(epoch, start_batch, start_sample=start_sample, first_batch=first_batch)
         shard = self.per_rank
-        start = start_batch * self.batch_size if start_sample is None else start_sample
-        if not 0 <= start <= shard:
-            raise ValueError(f"epoch {epoch} has {shard} rows on this rank; cannot start at {start}")
-        number = start // self.batch_size if first_batch is None else first_batch
-        bounds = [start] + list(range((start // self.batch_size + 1) * self.batch_size, shard, self.batch_size))
-        bounds = [b for b in bounds if b < shard] + [shard]
-        for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        for k, (a, b) in enumerate(spans):
             rows, valid = self.positions(epoch, a, b)
             yield BatchPlan(rows, valid, epoch, a, b == shard, number + k, shard)
