@@ -7,8 +7,10 @@ caller, so the Loader may drive it from a thread of its own.
 """
 from __future__ import annotations
 
+import enum
+import time
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Protocol
+from typing import Callable, Iterator, Mapping, Protocol
 
 import torch
 
@@ -27,6 +29,22 @@ class BatchInfo:
     skipped: int = 0
 
 
+class SkipFill(enum.Enum):
+    """Which samples share a batch when ``on_error="skip"`` leaves a bad sample out of its plan's batch.
+
+    ``FROM_LATER_SAMPLES`` (the local default): the bad sample's slot is filled from the next good samples of
+    the epoch, so a batch has its planned size while the epoch has samples left; the batches after it start
+    later in the order, and only the epoch's last batches can be padding (label and index -1,
+    ``valid`` False), so that every rank makes exactly its planned batches.
+
+    ``PADDING``: each plan's batch is made from its own samples only, its good samples first and a padding
+    row for each bad one. A batch is then a pure function of its plan, so plans can be made in different
+    processes and in any order (remote workers need this) and still give the same batches."""
+
+    FROM_LATER_SAMPLES = "from later samples"
+    PADDING = "padding"
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
     """One placement of a pipeline, and how hard to work at it."""
@@ -39,10 +57,51 @@ class RunnerConfig:
     prefetch: int = 2
     on_error: OnError = OnError.RAISE
     max_pixels: int = 1 << 27
-    max_batch_pixels: int | None = None  # decoded pixels per image batch (None: runners.images.default_batch_pixels)
-    # Each plan makes its own batch, from its own samples only (a bad one's slot becomes padding rather than
-    # being filled from the next plan's): plans can then be made in different processes, in any order.
-    isolated_plans: bool = False
+    max_batch_pixels: int | None = None  # decoded pixels per image batch (None: image runner's default_batch_pixels)
+    skip_fill: SkipFill = SkipFill.FROM_LATER_SAMPLES
+
+
+class StageTimer:
+    """Seconds per stage, added up for a profiling caller. The caller makes one and passes it to a runner's
+    batch path, which calls it around every stage whether timed or not: ``NO_TIMER``, the default, does
+    nothing. ``clock`` is this thread's CPU time unless given (``time.perf_counter`` for stages timed end
+    to end around a synchronised device); ``timing`` says whether anything is timed, for work done only to
+    be timed (a device synchronisation, a share of a fused stage's time)."""
+
+    timing = True
+
+    def __init__(self, clock: Callable[[], float] = time.thread_time):
+        self.clock = clock
+        self.seconds: dict[str, float] = {}
+
+    def start(self) -> float:
+        """The clock now, for ``stop``."""
+        return self.clock()
+
+    def stop(self, stage: str, started: float) -> float:
+        """Adds the time since ``started`` to ``stage``; returns the clock now (the start of what follows)."""
+        now = self.clock()
+        self.add(stage, now - started)
+        return now
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
+
+class _NoTimer(StageTimer):
+    timing = False
+
+    def start(self) -> float:
+        return 0.0
+
+    def stop(self, stage: str, started: float) -> float:
+        return 0.0
+
+    def add(self, stage: str, seconds: float) -> None:
+        pass
+
+
+NO_TIMER: StageTimer = _NoTimer()
 
 
 @dataclass(frozen=True)
@@ -63,8 +122,9 @@ class Runner(Protocol):
 
     def batches(self, plans: Iterator[BatchPlan]) -> Iterator[tuple[dict | None, BatchInfo]]:
         """``(batch, info)`` in plan order. A runner may read ahead in ``plans`` and may form its own batches
-        from the plans' samples (to fill a batch past a bad sample); ``batch`` is then None for an epoch end
-        with nothing left to deliver. Closing the generator stops all work it started."""
+        from the plans' samples (to fill a batch past a bad sample, see ``SkipFill``); ``batch`` is then None
+        for an epoch end with nothing left to deliver. Closing the generator stops all work it started. A
+        runner may take a ``timer`` (``StageTimer``) here too, for a profiling caller."""
         ...
 
     def profile(self, plans: list[BatchPlan]) -> StageTimes:

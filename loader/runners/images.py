@@ -31,7 +31,7 @@ from ..sampler import BatchPlan
 from ..sources.image_files import ImageFiles
 from . import image_graph
 from .buffers import BufferRing
-from .contract import BatchInfo, RunnerConfig, StageTimes
+from .contract import BatchInfo, RunnerConfig, SkipFill, StageTimes
 from .image_torch import TorchStages, as_nchw, one_thread
 
 log = logging.getLogger("feedline")
@@ -128,7 +128,7 @@ class ImageRunner:
         self.on_error = config.on_error
         self.max_pixels = config.max_pixels
         self.max_batch_pixels = config.max_batch_pixels or default_batch_pixels(config.batch_size, config.max_pixels)
-        self.isolated_plans = config.isolated_plans
+        self.skip_fill = config.skip_fill
         import nvidia.dali  # noqa: F401  (now, on this thread: its exit hook must be registered before the Loader's)
 
         self.graph = image_graph.plan(spec, config.cut, infer_types(spec.stages[1:]))
@@ -182,7 +182,7 @@ class ImageRunner:
         bad ones. Where the epoch runs out of samples first, the rest of the batch is padding, and so are any
         batches still planned: every rank makes exactly its planned batches of their planned sizes (a DDP job
         cannot hang on a rank that skipped more)."""
-        if self.isolated_plans:
+        if self.skip_fill is SkipFill.PADDING:
             return self._assemble_plan()
         first = self._queue.peek()
         before = dataclasses.replace(self._fill) if self._fill is not None else None
@@ -212,7 +212,7 @@ class ImageRunner:
 
     def _assemble_plan(self) -> HostBatch | None:
         """The next plan's batch from its own samples: those a bad sample leaves empty are padding, after the
-        good ones (see ``RunnerConfig.isolated_plans``)."""
+        good ones (``SkipFill.PADDING``)."""
         first = self._queue.peek()
         if first is None:
             return None

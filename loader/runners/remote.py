@@ -12,7 +12,7 @@ Where the batch size does not divide the buffer-full, a batch straddles two of t
 both: each side is then dealt ``STRADDLE_RUNS`` consecutive buffer-fulls at a time, reading one more for that
 many. Results are taken back in plan order; each side has a few groups to make at once, and the groups dealt
 ahead of the trainer are bounded by a window counted in plans (Ray's object store carries the workers'; that
-window is the backpressure). Every plan makes its own batch (``isolated_plans``), so where a plan was made does
+window is the backpressure). Every plan makes its own batch (``SkipFill.PADDING``), so where a plan was made does
 not change the batch: batches equal the local loader's, bit for bit, for the same seed (with
 ``on_error="skip"``, a skipped image's slot is padding in its own batch rather than filled from the next plan's
 samples; a table's bad row is an invalid slot in its place either way).
@@ -48,7 +48,7 @@ from ...pipelines.spec import PipelineSpec
 from ..errors import Skipped
 from ..sampler import BatchPlan
 from . import remote_workers
-from .contract import BatchInfo, Runner, RunnerConfig, StageTimes
+from .contract import BatchInfo, Runner, RunnerConfig, SkipFill, StageTimes
 from .features import MAX_PREFETCH
 from .remote_deal import Deal, DealCosts, Job
 from .remote_local import LocalJob, LocalMaker
@@ -213,7 +213,7 @@ class RemoteRunner:
         self.source = source
         self.group_rows = group_rows
         self.group_plans = batches_per_group(group_rows, config.batch_size)
-        config = dataclasses.replace(config, isolated_plans=True)
+        config = dataclasses.replace(config, skip_fill=SkipFill.PADDING)
         # A worker's runner queues a whole group at once, and its output buffers stay taken until the group's
         # results have been copied into the object store: its prefetch (and so its ring) covers a group.
         worker_config = dataclasses.replace(config, num_threads=workers.cpus_per_worker,
