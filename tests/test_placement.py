@@ -1,15 +1,13 @@
 """Placements an image or feature pipeline allows, and the DALI device of every node, checked before any build."""
 import pytest
 
-import torch
-
 from feedline.loader.runners import image_graph
 from feedline.loader.errors import PlacementError
 from feedline.loader.placement import resolve
 from feedline.pipelines import image
+from feedline.pipelines.image_params import StageParams
 from feedline.pipelines.spec import PipelineSpec
 from feedline.pipelines.stage import Backend, PlainStage
-from runners import image_runner
 
 
 @pytest.fixture(params=["train", "val"])
@@ -93,8 +91,7 @@ def test_the_dali_graph_of_every_cut(image_dir, recipe, cut):
 
     spec = {"train": image.train, "val": image.val, "composed": lambda d: image.pipeline(d, COMPOSED)}[recipe](image_dir)
     graph = _graph(spec, cut)
-    runner = image_runner(spec, cut, batch_size=4, gpu=torch.device("cpu"))
-    names = image_graph.feed_names(graph, runner._dry_params())
+    names = image_graph.feed_names(graph, StageParams(graph.stages).example())
     with Pipeline(batch_size=4, num_threads=1, device_id=None):
         chain = list(reversed(_walk(image_graph.define(graph, names, lambda: None))))
     in_dali = [s for s in spec.stages[1:] if graph.engines[s.name].startswith("dali")]

@@ -48,10 +48,7 @@ class ImageGraph:
     types: tuple[ImageType, ...]     # what each image stage outputs
     engines: dict[str, str]          # stage name -> one of the engines above
     in_dali: int                     # how many image stages DALI runs (decode and those after it on the GPU)
-    fused: bool                      # the decoder decodes only the window that stage 1 crops
     torch_steps: tuple[TorchStep, ...]
-    offsets: tuple[int, ...]         # where each image stage's draws start in a sample's random stream
-    draws: int
 
     @property
     def dali_on_gpu(self) -> bool:
@@ -83,10 +80,7 @@ def plan(spec: PipelineSpec, cut: int, types: list[ImageType]) -> ImageGraph:
             batched_cpu = batched_cpu or stage.needs_batch
             batched = batched_cpu
         steps.append(TorchStep(k, stage, on_gpu[k], batched))
-    offsets = tuple(int(x) for x in np.cumsum([0] + [s.draws for s in stages])[:-1])
-    fused = getattr(stages[0], "roi", False) and len(stages) > 1 and stages[1].crops_first
-    return ImageGraph(spec, cut, tuple(stages), tuple(types), engines, in_dali, bool(fused), tuple(steps), offsets,
-                      sum(s.draws for s in stages))
+    return ImageGraph(spec, cut, tuple(stages), tuple(types), engines, in_dali, tuple(steps))
 
 
 def feed_names(graph: ImageGraph, params: list[dict]) -> dict[str, tuple[str, int]]:

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ...pipelines.counter_rng import uniform
 from ...pipelines.image import infer_types
+from ...pipelines.image_params import StageParams
 from ...pipelines.imaging.types import Dtype, ImageType
 from ...pipelines.spec import PipelineSpec
 from ..devices import is_gpu_failure
@@ -37,7 +37,6 @@ from .image_torch import TorchStages, as_nchw, one_thread
 log = logging.getLogger("feedline")
 PIXELS_PER_IMAGE = 1 << 24  # the default batch budget's share per image: 16.8 megapixels (48 MiB of RGB)
 _FAILED_SAMPLE = re.compile(r"Failed to decode sample #(\d+)")
-_DRY_SIZE = 256  # the dummy image size whose parameters give the kinds of DALI's inputs
 
 
 def default_batch_pixels(batch_size: int, max_pixels: int) -> int:
@@ -136,7 +135,8 @@ class ImageRunner:
         gpu = gpu or (self.device if self.device.type == "cuda" else torch.device("cuda"))
         self._outputs = BufferRing(capacity=config.prefetch + 3)  # queued, being made, with the trainer
         self._torch = TorchStages(self.graph, gpu, self._allocate)
-        self._feed_names = image_graph.feed_names(self.graph, self._dry_params())
+        self._params = StageParams(self.graph.stages)
+        self._feed_names = image_graph.feed_names(self.graph, self._params.example())
         self.skipped: list[Skipped] = []        # the first skip of each sample, in the order met
         self._skipped_indices: set[int] = set()
         self._undecodable: dict[int, DataError] = {}
@@ -277,28 +277,10 @@ class ImageRunner:
         """``batch`` with its good samples' stage parameters and DALI feeds."""
         if batch.good:
             indices = np.array([s.index for s in batch.good], dtype=np.int64)
-            batch.params, batch.pixels = self._sample(batch.info.epoch, indices,
-                                                      np.array(sizes, dtype=np.int64).reshape(-1, 2))
+            batch.params, batch.pixels = self._params.draw(self.seed, batch.info.epoch, indices,
+                                                           np.array(sizes, dtype=np.int64).reshape(-1, 2))
             batch.feeds = image_graph.feeds(self.graph, encoded, batch.params)
         return batch
-
-    def _sample(self, epoch: int, indices: np.ndarray, sizes: np.ndarray) -> tuple[list[dict], list[float]]:
-        """Every image stage's parameters from the samples' counter-based random streams and their sizes."""
-        graph = self.graph
-        u = uniform(self.seed, epoch, indices, graph.draws) if graph.draws else np.zeros((indices.size, 0))
-        params, pixels = [], []
-        for stage, offset in zip(graph.stages, graph.offsets):
-            p, sizes = stage.sample(u[:, offset:offset + stage.draws], sizes)
-            params.append(dict(p))
-            pixels.append(float(sizes.prod(axis=1).mean()))
-        if graph.fused:  # the decoder crops the window, so the stage after it only resizes
-            params[0]["window"] = window = params[1].pop("window")
-            pixels[0] = float(window[:, 2:].astype(np.int64).prod(axis=1).mean())
-        return params, pixels
-
-    def _dry_params(self) -> list[dict]:
-        sizes = np.full((1, 2), _DRY_SIZE, dtype=np.int64)
-        return self._sample(0, np.zeros(1, dtype=np.int64), sizes)[0]
 
     def host_batch(self, plan: BatchPlan) -> HostBatch:
         """The host part of one plan on its own (for tests and profiling)."""
