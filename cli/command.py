@@ -7,11 +7,11 @@ import logging
 import sys
 from pathlib import Path
 
-from . import bench, convert, make_data, plan
+from . import bench, convert, make_data, plan, profile
 from .tables import format_table
 
 # in the order ``feedline --help`` lists them
-COMMANDS = {"make-data": make_data, "bench": bench, "convert": convert, "plan": plan}
+COMMANDS = {"make-data": make_data, "bench": bench, "convert": convert, "plan": plan, "profile": profile}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
             RuntimeError) as exc:
         print(f"feedline {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    if args.command != "plan":  # plan prints its own report
+    if args.command not in ("plan", "profile"):  # these print their own report
         print(format_table(result))
     if getattr(args, "json", None):
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

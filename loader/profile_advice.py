@@ -85,7 +85,8 @@ def bottleneck(rows: list[dict], m: Model) -> dict[str, Any]:
     on = {"cpu": ("cpu",), "gpu": ("gpu",), "transfer": ("pcie",)}[resource]
     candidates = [r for r in rows if r["backend"] in on] or rows
     top = max(candidates, key=lambda r: r["ms_per_sample"])
-    return {"stage": top["stage"], "share": top["share"], "resource": resource, "ms_per_sample": top["ms_per_sample"]}
+    return {"stage": top["stage"], "backend": top["backend"], "share": top["share"], "resource": resource,
+            "ms_per_sample": top["ms_per_sample"]}
 
 
 def placements(spec, m: Model, cut: int, threads: int, measured_samples_per_s: float) -> list[dict[str, Any]]:

@@ -1,0 +1,231 @@
+"""``feedline profile`` / ``profile_loader``: a stage planted with a known cost per sample, in an image pipeline
+and in a table, is named the bottleneck with its share and measured within 15% of its cost; the profile gives
+the Loader back where it was; ``feedline profile`` writes its files and prints its table; bad input is named.
+
+The planted stages burn CPU time on their own thread (``time.thread_time``), the time the stage profiler
+measures (the scheduler models CPU stages in core-seconds); a stage that sleeps shows in the measured rate, not
+in its stage's time (see the README)."""
+import dataclasses
+import json
+import time
+
+import pytest
+import torch
+
+from feedline.cli import main
+from feedline.datagen.criteo import make_criteo
+from feedline.loader import Loader
+from feedline.loader.profile import last_profile, profile_loader
+from feedline.loader.stats import DeliveryMeter, log_stats, loader_stats
+from feedline.pipelines import image
+from feedline.pipelines.criteo import criteo
+from feedline.pipelines.features import FeatureStage
+from feedline.pipelines.stage import CPU_ONLY
+
+IMAGE_MS = 8.0          # planted CPU time per image
+ROW_US = 40.0           # planted CPU time per table row
+
+
+def burn(seconds: float) -> None:
+    """Spend ``seconds`` of this thread's CPU time."""
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
+
+
+def planted(images):
+    burn(IMAGE_MS / 1000 * len(images))
+    return images
+
+
+@dataclasses.dataclass(frozen=True)
+class SlowColumn(FeatureStage):
+    """Gives ``dense`` back as it came, after a known CPU time per row: a column that is slow to make."""
+
+    name = "slow_column"
+    backends = CPU_ONLY
+
+    def run(self, data, xp, out=None):
+        burn(ROW_US / 1e6 * data["dense"].shape[0])
+        return {"dense": data["dense"]}
+
+
+def assert_planted(profile, stage: str, planted_ms: float) -> None:
+    rows = {s["stage"]: s for s in profile.stages}
+    assert profile.bottleneck["stage"] == stage
+    assert profile.bottleneck["resource"] == "cpu"
+    assert abs(rows[stage]["ms_per_sample"] - planted_ms) <= 0.15 * planted_ms, rows[stage]
+    others = sum(s["ms_per_sample"] for s in profile.stages if s["stage"] != stage)
+    assert profile.bottleneck["share"] == pytest.approx(rows[stage]["ms_per_sample"] / (rows[stage]["ms_per_sample"]
+                                                                                         + others))
+    assert profile.bottleneck["share"] > 0.5
+    assert sum(s["share"] for s in profile.stages) == pytest.approx(1.0)
+
+
+@pytest.fixture(scope="module")
+def planted_images(image_dir):
+    return image.pipeline(image_dir, [image.decode(), image.resize((32, 32)), image.custom(planted, name="planted"),
+                                      image.normalize()])
+
+
+def test_a_planted_image_stage_is_the_bottleneck_with_its_cost(planted_images):
+    with Loader(planted_images, 8, placement="cpu", num_threads=2, seed=3) as loader:
+        before = loader.state_dict()
+        profile = profile_loader(loader, batches=4, trainer_step_ms=5)
+        assert_planted(profile, "planted", IMAGE_MS)
+        assert loader.state_dict() == before and loader.epoch_summaries == {}
+        first = next(iter(loader))["index"]
+    with Loader(planted_images, 8, placement="cpu", num_threads=2, seed=3) as untouched:
+        assert torch.equal(first, next(iter(untouched))["index"])  # the profile took nothing from the epoch
+    assert [s["backend"] for s in profile.stages] == ["cpu"] * 5
+    current = [p for p in profile.placements if p["current"]]
+    assert len(current) == 1 and current[0]["placement"] == "cpu" and current[0]["threads"] == 2
+    assert current[0]["measured_samples_per_s"] == profile.measured["capacity_samples_per_s"]
+    assert len(profile.timeline) == 4
+    assert all(asked <= got <= done and done - got >= 0.005 for asked, got, done in profile.timeline)
+    assert profile.measured["delivered_samples_per_s"] > 0 and profile.headroom_samples_per_s > 0
+    assert profile.recommendation["predicted_gain"] >= 1.0 and profile.recommendation["words"]
+    assert last_profile(loader) is profile
+    data = json.loads(profile.to_json())
+    assert data["bottleneck"]["stage"] == "planted" and len(data["stages"]) == 5
+
+
+def test_a_planted_table_column_is_the_bottleneck_with_its_cost(tmp_path):
+    path = tmp_path / "day.tsv"
+    make_criteo(path, rows=3000, seed=0)
+    spec = criteo(str(path))
+    spec = dataclasses.replace(spec, stages=spec.stages + (SlowColumn(("dense",), ("dense",)),))
+    with Loader(spec, 256, placement="cpu", num_threads=1) as loader:
+        profile = profile_loader(loader, batches=3)
+    assert_planted(profile, "slow_column", ROW_US / 1000)
+    assert profile.measured["delivered_samples_per_s"] is None and profile.headroom_samples_per_s is None
+    assert "needs a trainer step" in profile.table()
+
+
+def test_profile_arguments_are_checked(planted_images):
+    with Loader(planted_images, 8, placement="cpu") as loader:
+        with pytest.raises(ValueError, match="batches must be a positive integer, got 0"):
+            profile_loader(loader, batches=0)
+        with pytest.raises(ValueError, match="trainer_step_ms must be a positive, finite number"):
+            profile_loader(loader, trainer_step_ms=-1)
+        with pytest.raises(ValueError, match="not both"):
+            profile_loader(loader, trainer_step_ms=5, train_step=lambda batch: None)
+        with pytest.raises(TypeError, match="train_step must be a function"):
+            profile_loader(loader, train_step=5)
+
+
+def test_the_delivery_meter_counts_the_window():
+    now = [0.0]
+    meter = DeliveryMeter(window=3, clock=lambda: now[0])
+    assert meter.reading()["delivered_samples_per_s"] is None
+    for wait, step in ((1.0, 1.0), (0.5, 1.5), (0.0, 2.0), (1.0, 0.0)):
+        with meter.waiting():
+            now[0] += wait
+        meter.delivered(10)
+        now[0] += step
+    # the last 3 batches: delivered at 2.5, 4.0 and 7.0; after the first of them, 20 samples and waits of 0.0 and
+    # 1.0 s over 4.5 s
+    assert meter.reading() == {"batches": 3, "window_s": 4.5, "delivered_samples_per_s": 20 / 4.5,
+                               "trainer_wait_share": 1 / 4.5}
+    with pytest.raises(ValueError, match="window must be a positive integer"):
+        DeliveryMeter(window=0)
+
+
+class _Writer:
+    def __init__(self):
+        self.scalars = []
+
+    def add_scalar(self, tag, value, step):
+        self.scalars.append((tag, value, step))
+
+
+def test_stats_and_their_logging(planted_images):
+    with Loader(planted_images, 8, placement="cpu", num_threads=1) as loader:
+        stats = loader_stats(loader)
+        assert stats["placement"] == "cpu" and stats["skipped"] == 0 and stats["stages_measured_by"] is None
+        profile_loader(loader, batches=2)
+        stats = loader_stats(loader)
+        assert stats["stages_measured_by"] == "loader.profile()"
+        assert stats["stages"]["planted"]["ms_per_sample"] == pytest.approx(IMAGE_MS, rel=0.15)
+        writer, seen = _Writer(), []
+        with log_stats(loader, 0.01, callback=seen.append, writer=writer) as logger:
+            deadline = time.monotonic() + 5
+            while logger.calls < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert len(seen) >= 2 and seen[0]["placement"] == "cpu"
+        assert ("feedline/threads", 1, 0) in writer.scalars
+        with pytest.raises(ValueError, match="needs a callback, a writer"):
+            log_stats(loader, 1.0)
+        with pytest.raises(TypeError, match="writer must have add_scalar"):
+            log_stats(loader, 1.0, writer=object())
+        with pytest.raises(ValueError, match="every_s must be a positive, finite number of seconds"):
+            log_stats(loader, 0, callback=print)
+
+
+def test_a_placement_change_comes_as_an_event(planted_images):
+    with Loader(planted_images, 8, placement="cpu") as loader:
+        logger = log_stats(loader, 3600.0, callback=lambda stats: None)
+        try:
+            assert "event" not in logger.log_once() and "event" not in logger.log_once()  # the same placement
+            logger._placement = "gpu"  # as if the last call had seen another placement
+            assert logger.log_once()["event"] == f"placement gpu -> {loader.pipeline.describe_cut(loader.cut)}"
+        finally:
+            logger.close()
+
+
+def test_the_command_writes_both_files_and_prints_the_table(image_dir, tmp_path, capsys):
+    out = tmp_path / "profile"
+    assert main(["profile", "--pipeline", "image-val", "--data", str(image_dir), "--placement", "cpu",
+                 "--batch-size", "8", "--batches", "3", "--trainer-step-ms", "5", "--out", str(out)]) == 0
+    shown = capsys.readouterr().out
+    for words in ("stage", "decode", "bottleneck", "capacity", "trainer", "headroom", "recommend", "cpu (current)"):
+        assert words in shown
+    data = json.loads((out / "profile.json").read_text())
+    assert data["pipeline"] == "image-val" and [s["stage"] for s in data["stages"]][:2] == ["read", "decode"]
+    assert (out / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_without_matplotlib_the_command_writes_the_json_and_says_how(image_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    out = tmp_path / "profile"
+    assert main(["profile", "--pipeline", "image-val", "--data", str(image_dir), "--placement", "cpu",
+                 "--batch-size", "8", "--batches", "2", "--out", str(out)]) == 0
+    assert (out / "profile.json").exists() and not (out / "profile.png").exists()
+    assert "pip install 'feedline[plot]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--batches", "0"], "argument --batches: expected a positive integer, got 0"),
+    (["--batch-size", "x"], "argument --batch-size: expected a positive integer, got 'x'"),
+    (["--trainer-step-ms", "-3"], "argument --trainer-step-ms: expected a number of milliseconds > 0 or 'auto'"),
+    (["--placement", "tpu"], "argument --placement: invalid choice: 'tpu'"),
+    (["--output", "int8"], "argument --output: invalid choice: 'int8'"),
+])
+def test_bad_flags_are_named(argv, message, image_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["profile", "--pipeline", "image-val", "--data", str(image_dir), "--out", str(tmp_path / "o"), *argv])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_paths_are_named(image_dir, tmp_path, capsys):
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    for argv, message in (
+            (["--data", str(image_dir), "--out", str(a_file)],
+             f"argument --out: {str(a_file)!r} is a file, not a folder"),
+            (["--data", str(image_dir), "--out", str(tmp_path / "no" / "such")], "argument --out: cannot make"),
+            (["--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")], "argument --data: "),
+            (["--data", str(image_dir)], "the following arguments are required: --out")):
+        with pytest.raises(SystemExit) as info:
+            main(["profile", "--pipeline", "image-val", *argv])
+        assert info.value.code == 2
+        assert message in capsys.readouterr().err
+
+
+def test_a_batch_larger_than_the_data_is_one_line(image_dir, tmp_path, capsys):
+    assert main(["profile", "--pipeline", "image-val", "--data", str(image_dir), "--placement", "cpu",
+                 "--batch-size", "1000", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("feedline profile: error: last_batch='drop' with batch_size=1000") and "37 samples" in err
+    assert "Traceback" not in err
