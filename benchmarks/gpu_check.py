@@ -293,9 +293,9 @@ def table_placement_section(rows: int = 200_000, batch_size: int = 8192) -> dict
     import_feedline("loader")
     from feedline.datagen.criteo import make_criteo
     from feedline.loader.runners import RunnerConfig
-    from feedline.loader.runners.features import FeatureRunner
+    from feedline.loader.runners.feature_runner import FeatureRunner
     from feedline.loader.sources import open_source
-    from feedline.loader.sources.convert import convert
+    from feedline.loader.sources.text_to_columnar import convert
     from feedline.loader.stream_order import StreamOrder
     from feedline.pipelines.criteo import criteo
 

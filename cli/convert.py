@@ -25,7 +25,7 @@ def run(parser: argparse.ArgumentParser, args) -> dict:
 
     from tqdm import tqdm
 
-    from ..loader.sources.convert import convert
+    from ..loader.sources.text_to_columnar import convert
     from ..pipelines.criteo import criteo
 
     spec = criteo(args.inputs if len(args.inputs) > 1 else args.inputs[0], format="tsv", on_error=args.on_error)

@@ -2,7 +2,7 @@
 import torch
 
 from feedline.loader.runners import RunnerConfig
-from feedline.loader.runners.features import FeatureRunner
+from feedline.loader.runners.feature_runner import FeatureRunner
 from feedline.loader.runners.images import ImageRunner
 from feedline.loader.sources import open_source
 

@@ -14,7 +14,7 @@ import pytest
 from feedline.datagen.criteo import make_criteo
 from feedline.loader import DataError
 from feedline.loader.sources import columnar, open_source
-from feedline.loader.sources.convert import convert
+from feedline.loader.sources.text_to_columnar import convert
 from feedline.ops import _native
 from feedline.pipelines.criteo import criteo
 from feedline.pipelines.features import MISSING_ID

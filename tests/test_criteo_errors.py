@@ -10,7 +10,7 @@ import torch
 
 from feedline.loader import DataError, Loader
 from feedline.loader.sources import open_source
-from feedline.loader.sources.tabular import MissingFileError, RowError
+from feedline.loader.sources.table_rows import MissingFileError, RowError
 from feedline.pipelines.criteo import CATEGORICAL_NAMES, DENSE_NAMES, criteo
 
 

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from feedline.loader import Loader
-from feedline.loader.sources.tabular import RowError
+from feedline.loader.sources.table_rows import RowError
 from feedline.pipelines.criteo import criteo
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 from feedline.loader import DataError, Loader
-from feedline.loader.sources.tabular import RowError
+from feedline.loader.sources.table_rows import RowError
 from feedline.ops import hash_buckets
 from feedline.pipelines.criteo import CATEGORICAL_NAMES, DENSE_NAMES, criteo
 

@@ -17,7 +17,7 @@ from feedline.datagen.criteo import make_criteo
 from feedline.loader import DataError, Loader
 from feedline.cli import main as cli
 from feedline.loader.sources import index_store, open_source
-from feedline.loader.sources.tabular import RowError
+from feedline.loader.sources.table_rows import RowError
 from feedline.pipelines.criteo import criteo
 
 MIB = 1 << 20
@@ -318,7 +318,7 @@ def rewrite_value(path, old: bytes, new: bytes) -> None:
 
 def test_convert_fails_naming_the_column_and_line_when_a_value_no_longer_fits(tmp_path, convert_input,
                                                                              monkeypatch):
-    from feedline.loader.sources import convert as convert_module
+    from feedline.loader.sources import text_to_columnar as convert_module
 
     wrote = []
 
@@ -338,7 +338,7 @@ def test_convert_fails_naming_the_column_and_line_when_a_value_no_longer_fits(tm
 
 def test_convert_fails_naming_the_file_that_changed_between_its_passes(tmp_path, convert_input, monkeypatch,
                                                                        capsys):
-    from feedline.loader.sources import convert as convert_module
+    from feedline.loader.sources import text_to_columnar as convert_module
 
     real_blocks = convert_module._blocks
     passes = []

@@ -210,7 +210,7 @@ def test_convert_writes_a_table_that_reads_back_the_same_rows(tmp_path):
 
 
 def test_a_converted_table_streams_resumes_and_shards_like_the_text(tmp_path):
-    from feedline.loader.sources.convert import convert
+    from feedline.loader.sources.text_to_columnar import convert
 
     make_criteo(tmp_path / "a.tsv", 9000, seed=1)
     make_criteo(tmp_path / "b.tsv", 4000, seed=2)

@@ -18,7 +18,7 @@ from feedline.loader import Loader
 from feedline.loader.runners import transfer
 from feedline.loader.sampler import BatchPlan, EpochSampler
 from feedline.loader.sources import open_source
-from feedline.loader.sources.convert import convert
+from feedline.loader.sources.text_to_columnar import convert
 from feedline.ops import _native
 from feedline.pipelines.criteo import criteo
 from feedline.pipelines.tabular import (Categorical, Column, ColumnKind, Cross, Dense, MultiHot, Schema,

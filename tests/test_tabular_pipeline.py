@@ -115,7 +115,7 @@ import sys
 import numpy as np
 from feedline.datagen.criteo import make_criteo
 from feedline.loader.runners import RunnerConfig
-from feedline.loader.runners.features import FeatureRunner
+from feedline.loader.runners.feature_runner import FeatureRunner
 from feedline.loader.sampler import EpochSampler
 from feedline.loader.sources import open_source
 from feedline.pipelines.criteo import criteo
@@ -160,7 +160,7 @@ def test_one_buffer_carries_a_batch_across(spec):
     from feedline.loader.runners.transfer import pack as _pack
     from feedline.loader.runners.transfer import torch_view as _torch_view
     from feedline.loader.runners.transfer import unpack as _unpack
-    from feedline.loader.sources.tabular import ListColumn
+    from feedline.loader.sources.table_rows import ListColumn
 
     data = {"label": np.arange(5, dtype=np.float32), "dense": np.ones((5, 3), np.float32),
             "ids": np.arange(10, dtype=np.int64).reshape(2, 5), "valid": np.array([1, 0, 1, 1, 0], bool),

@@ -16,7 +16,7 @@ from sklearn.utils import murmurhash3_32
 from feedline import ops
 from feedline.loader import DataError, Loader
 from feedline.loader.sources import open_source
-from feedline.loader.sources.tabular import RowError
+from feedline.loader.sources.table_rows import RowError
 from feedline.loader.sources.text_parse import string_keys
 from feedline.pipelines.tabular import (Categorical, Column, ColumnKind, Cross, Dense, MultiHot, Schema,
                                         TabularFiles, tabular)

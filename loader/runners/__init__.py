@@ -11,7 +11,7 @@ def make_runner(spec: PipelineSpec, source, config: RunnerConfig) -> Runner:
     if isinstance(source, ImageFiles):
         from .images import ImageRunner
         return ImageRunner(spec, source, config)
-    from .features import FeatureRunner
+    from .feature_runner import FeatureRunner
     return FeatureRunner(spec, source, config)
 
 

@@ -49,7 +49,7 @@ from ..errors import Skipped
 from ..sampler import BatchPlan
 from . import remote_workers
 from .contract import BatchInfo, Runner, RunnerConfig, SkipFill, StageTimes
-from .features import MAX_PREFETCH
+from .feature_runner import MAX_PREFETCH
 from .remote_deal import Deal, DealCosts, Job
 from .remote_local import LocalJob, LocalMaker
 from .remote_workers import Shape, Worker, as_arrays

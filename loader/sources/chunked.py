@@ -29,7 +29,7 @@ from ...pipelines.on_error import OnError
 from ...pipelines.own_files import is_own_file
 from ...pipelines.tabular import Column, ColumnKind, TabularFiles
 from ..errors import Skipped
-from .tabular import ListColumn, MissingFileError, RowError, ScalarColumn, bad_row, check_rows
+from .table_rows import ListColumn, MissingFileError, RowError, ScalarColumn, bad_row, check_rows
 
 
 CHUNKS_BEYOND = 4  # chunks kept besides the cache's rows: those straddling the edges of what is being read

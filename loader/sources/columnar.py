@@ -26,7 +26,7 @@ import numpy as np
 from ... import ops
 from ...pipelines.tabular import Column
 from .chunked import ChunkIndex, RowsChunk
-from .tabular import RowError
+from .table_rows import RowError
 
 META = "feedline-columns.json"
 VERSION = 2

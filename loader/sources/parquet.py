@@ -17,7 +17,7 @@ import numpy as np
 
 from ...pipelines.tabular import Column, ColumnKind
 from .chunked import ChunkIndex, RowsChunk
-from .tabular import ListColumn, RowError, ScalarColumn
+from .table_rows import ListColumn, RowError, ScalarColumn
 from .text_parse import OK, OUT_OF_RANGE, hex_strings, string_keys
 
 _INT64_MAX = float(2**63)

@@ -16,7 +16,7 @@ import zlib
 from ...pipelines.tabular import FileFormat, TabularFiles
 from .chunked import ChunkIndex
 from .line_index import MAX_LINE_BYTES
-from .tabular import RowError
+from .table_rows import RowError
 from .text_parse import Layout, TextSyntax, warm_up
 from .tsv import TsvFormat, is_gzip
 

@@ -35,7 +35,7 @@ import numpy as np
 from numba import njit
 
 from ...pipelines.tabular import Column, ColumnKind
-from .tabular import ListColumn
+from .table_rows import ListColumn
 
 # Field kinds, as the kernel sees them.
 SKIP, INT, HEX, FLOAT, STRING, LIST = 0, 1, 2, 3, 4, 5

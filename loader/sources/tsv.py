@@ -24,7 +24,7 @@ from .chunked import ChunkIndex, RowsChunk
 from .gzip_stream import GZIP_MAGIC, GzipError, GzipStream, Mark
 from .index_store import Fingerprint
 from .line_index import BLOCK_BYTES, LineScan, from_payload, is_long_line, long_line_reason, to_payload
-from .tabular import RowError
+from .table_rows import RowError
 from .text_parse import TSV, Layout, TextSyntax, parse_text
 
 log = logging.getLogger("feedline")

@@ -28,7 +28,7 @@ import torch
 from ...pipelines.spec import PipelineSpec
 from ..errors import PlacementError, Skipped
 from ..sampler import BatchPlan
-from ..sources.tabular import TabularReader
+from ..sources.table_rows import TabularReader
 from . import transfer
 from .buffers import BufferRing
 from .contract import BatchInfo, RunnerConfig, StageTimes

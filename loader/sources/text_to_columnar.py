@@ -24,7 +24,7 @@ from ...pipelines.tabular import TabularFiles
 from .chunked import ChunkedTable
 from .columnar import ColumnarWriter, narrowest
 from .index_store import Fingerprint
-from .tabular import RowError
+from .table_rows import RowError
 
 
 def convert(files: TabularFiles, out: str | os.PathLike, *, progress=None) -> dict:
