@@ -37,7 +37,7 @@ class Profile:
     placements: list[dict[str, Any]]   # placement, cut, threads, predicted/measured_samples_per_s, bound_by, why_not
     measured: dict[str, Any]           # capacity and, under a trainer step, delivered, waits, queue
     headroom_samples_per_s: float | None
-    recommendation: dict[str, Any]     # action, words, predicted_gain, bound
+    recommendation: dict[str, Any]     # action, words, predicted_gain, bound, alternatives (the same, each)
     timeline: list[list[float]]        # per batch: asked, got, step done (s); under the trainer when there is one
     profile_samples: int
     notes: list[str] = field(default_factory=list)

@@ -21,6 +21,7 @@ from .placement.scheduler import Scheduler
 TRANSFER = "host-to-device"
 WORTH = 1.10           # a gain under the scheduler's deadband is not worth recommending
 KEEPS_UP_WAIT = 0.05   # a trainer waiting less than this share of its time is fed
+ALTERNATIVES = 3       # other kinds of change listed after the recommendation
 
 
 @dataclass(frozen=True)
@@ -130,12 +131,22 @@ def recommend(spec, m: Model, rows: list[dict], bottleneck_row: dict, *, cut: in
     if not worth:
         return _none(f"no change is predicted to gain {WORTH - 1:.0%} or more")
     # concrete changes the model predicts come before bounds of what removing work could give
-    action, words, gain, bound = max(worth, key=lambda o: (not o[3], o[2]))
+    ranked = sorted(worth, key=lambda o: (not o[3], o[2]), reverse=True)
+    best = {**_option(*ranked[0]), "alternatives": []}
+    seen = {ranked[0][0]}
+    for option in ranked[1:]:
+        if option[0] not in seen and len(best["alternatives"]) < ALTERNATIVES:
+            seen.add(option[0])
+            best["alternatives"].append(_option(*option))
+    return best
+
+
+def _option(action: str, words: str, gain: float, bound: bool) -> dict[str, Any]:
     return {"action": action, "words": words, "predicted_gain": gain, "bound": bound}
 
 
 def _none(words: str) -> dict[str, Any]:
-    return {"action": "none", "words": words, "predicted_gain": 1.0, "bound": False}
+    return {**_option("none", words, 1.0, False), "alternatives": []}
 
 
 def _moves(spec, m: Model, cut: int, threads: int) -> list[tuple[str, str, float, bool]]:

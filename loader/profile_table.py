@@ -61,8 +61,13 @@ def format_profile(p) -> str:
     else:
         lines.append("headroom    needs a trainer step (trainer_step_ms, train_step; --trainer-step-ms)")
     r = p.recommendation
-    gain = "" if r["action"] == "none" else \
-        f" ({'up to ' if r['bound'] else ''}x{r['predicted_gain']:.2f} predicted)"
-    lines.append(f"recommend   {r['words']}{gain}")
+    lines.append(f"recommend   {r['words']}{_gain(r)}")
+    lines += [f"or          {a['words']}{_gain(a)}" for a in r.get("alternatives", [])]
     lines += [f"note        {n}" for n in p.notes]
     return "\n".join(lines)
+
+
+def _gain(option: dict) -> str:
+    if option["action"] == "none":
+        return ""
+    return f" ({'up to ' if option['bound'] else ''}x{option['predicted_gain']:.2f} predicted)"
