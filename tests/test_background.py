@@ -15,7 +15,7 @@ import torch
 import feedline.loader
 from feedline.loader import DataError, Loader
 from feedline.loader.background import THREAD_NAME, BackgroundStream
-from feedline.loader.runners.images import ImageRunner
+from feedline.loader.runners.image_delivery import ImageDelivery
 from feedline.pipelines import image
 from feedline.pipelines.criteo import criteo
 
@@ -61,16 +61,16 @@ def run_profiled(call):
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Records, for every batch an ImageRunner finishes, the thread that made it and when."""
+    """Records, for every image batch finished, the thread that made it and when."""
     made = []
-    real = ImageRunner._batch
+    real = ImageDelivery.batch
 
-    def recording(self, images, host):
-        batch = real(self, images, host)
+    def recording(self, images, host, *timer):
+        batch = real(self, images, host, *timer)
         made.append((threading.current_thread().name, time.monotonic(), batch["index"].tolist()))
         return batch
 
-    monkeypatch.setattr(ImageRunner, "_batch", recording)
+    monkeypatch.setattr(ImageDelivery, "batch", recording)
     return made
 
 

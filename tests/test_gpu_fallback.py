@@ -100,14 +100,14 @@ class FailingPipeline:
 
 def failing_at_dali(runner, message: str, after: int = 0, at_build: bool = False):
     """Make ``runner``'s DALI pipeline fail with ``message``: when it is built, or on ``outputs()``."""
-    real = runner._pipeline
+    real = runner.session.pipeline
 
     def pipeline():
         if at_build:
             raise RuntimeError(message)
         return FailingPipeline(real(), after, message)
 
-    runner._pipeline = pipeline
+    runner.session.pipeline = pipeline
     return runner
 
 

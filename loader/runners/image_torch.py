@@ -7,13 +7,13 @@ uint8 batches are ``NHWC`` in memory (a channels-last ``NCHW`` view for the stag
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Callable
 
 import torch
 
 from ...pipelines.imaging.base import per_sample
 from ...pipelines.imaging.types import Dtype, ImageType
+from .contract import NO_TIMER, StageTimer
 from .image_graph import ImageGraph, TorchStep
 
 
@@ -83,13 +83,13 @@ class TorchStages:
         self.graph = graph
         self.gpu = gpu
         self.allocate = allocate
-        self.seconds: dict[str, float] | None = None  # thread seconds per stage, while profiling
         self.runs = _runs(graph.torch_steps)
 
-    def run(self, images: list[torch.Tensor] | torch.Tensor, params: list[dict], deliver_on: torch.device
-            ) -> torch.Tensor:
+    def run(self, images: list[torch.Tensor] | torch.Tensor, params: list[dict], deliver_on: torch.device,
+            timer: StageTimer = NO_TIMER) -> torch.Tensor:
         """``images``: the DALI part's output (``CHW`` views, or an ``NCHW`` batch); ``params``: per image
-        stage, the batch's parameters. Returns the batch as delivered, on ``deliver_on``."""
+        stage, the batch's parameters. Returns the batch as delivered, on ``deliver_on``; ``timer`` adds up each
+        stage's thread seconds."""
         n = len(images)
         current = images
         types = self.graph.types
@@ -102,12 +102,12 @@ class TorchStages:
                     current = self._stack(current, types[k_in], pinned=device.type == "cuda")
                 current = current.to(device, non_blocking=True)
                 for step in run:
-                    current = self._batch_step(step, current, params[step.k], n, device)
+                    current = self._batch_step(step, current, params[step.k], n, device, timer)
             else:
                 into = None
                 if r == len(self.runs) - 1 or self.runs[r + 1][0].batched:
                     into = self._buffer(n, types[run[-1].k], device, pinned=device.type == "cpu" and then.type == "cuda")
-                current = self._per_image(run, current, params, device, into)
+                current = self._per_image(run, current, params, device, into, timer)
             k_in = run[-1].k
         if isinstance(current, list):
             current = self._stack(current, self.graph.output, pinned=deliver_on.type == "cuda")
@@ -128,16 +128,15 @@ class TorchStages:
         return as_nchw(buffer, image)
 
     def _per_image(self, run: list[TorchStep], images, params: list[dict], device: torch.device,
-                   into: torch.Tensor | None):
+                   into: torch.Tensor | None, timer: StageTimer):
         """Image by image through every step of ``run``; into the rows of ``into`` when given."""
-        clock = self.seconds is not None
         out = [] if into is None else None
         last = run[-1]
         writes = into is not None and getattr(last.stage, "writes_into", False)
         for i in range(len(images)):
             x = images[i].to(device) if images[i].device != device else images[i]
             for step in run:
-                started = time.thread_time() if clock else 0.0
+                started = timer.start()
                 p = per_sample(params[step.k], i)
                 try:
                     if writes and step is last:
@@ -148,19 +147,18 @@ class TorchStages:
                     exc.add_note(f"in image stage {step.stage.name!r} ({step.stage.describe()}), on image {i} of "
                                  f"the batch: {x.dtype} {tuple(x.shape)} on {x.device}")
                     raise
-                if clock:
-                    self.seconds[step.stage.name] = self.seconds.get(step.stage.name, 0.0) + time.thread_time() - started
+                timer.stop(step.stage.name, started)
             if into is None:
                 out.append(x)
             elif not writes:
-                started = time.thread_time() if clock else 0.0
+                started = timer.start()
                 write_row(into, i, x)
-                if clock:
-                    self.seconds[last.stage.name] += time.thread_time() - started
+                timer.stop(last.stage.name, started)
         return out if into is None else as_nchw(into, self.graph.types[last.k])
 
-    def _batch_step(self, step: TorchStep, images: torch.Tensor, params: dict, n: int, device: torch.device):
-        started = time.thread_time() if self.seconds is not None else 0.0
+    def _batch_step(self, step: TorchStep, images: torch.Tensor, params: dict, n: int, device: torch.device,
+                    timer: StageTimer):
+        started = timer.start()
         try:
             out = step.stage.torch_batch(images, params)
         except Exception as exc:
@@ -168,8 +166,7 @@ class TorchStages:
                          f"{images.dtype} NCHW {tuple(images.shape)} on {images.device}")
             raise
         out = check_batch(step, out, n, self.graph.types[step.k], device)
-        if self.seconds is not None:
-            self.seconds[step.stage.name] = self.seconds.get(step.stage.name, 0.0) + time.thread_time() - started
+        timer.stop(step.stage.name, started)
         return out
 
 
