@@ -191,11 +191,11 @@ def _savings(spec, m: Model, rows: list[dict], top: dict, threads: int,
             options.append(("remote", f"add remote CPU workers (RayWorkers): each core adds about {per_core:,.0f} "
                                       f"samples/s; one worker of {threads} cores", (base + threads * per_core) / base,
                             True))
-    if top["stage"] != TRANSFER:
+    if top["stage"] != TRANSFER and not any(o[0] == "convert" for o in options):
         after = _without(pred, top["backend"], top["ms_per_sample"] / 1000)
         options.append(("stage", f"make stage {top['stage']!r} cheaper: it is {top['share']:.0%} of the time "
-                                 f"({top['ms_per_sample']:.3g} ms per sample on the {top['backend'].upper()}); the "
-                                 f"gain is the bound with it free", slowest / max(after, 1e-12), True))
+                                 f"({1000 * top['ms_per_sample']:.3g} us per sample on the {top['backend'].upper()}); "
+                                 f"the gain is the bound with it free", slowest / max(after, 1e-12), True))
     return options
 
 

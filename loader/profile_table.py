@@ -31,14 +31,15 @@ def format_profile(p) -> str:
     threads = f"{place['threads']} thread{'s' if place['threads'] != 1 else ''}"
     lines = [f"{p.pipeline}: batch {p.batch_size:,}, placement {place['placement']} (cut {place['cut']}), {threads}, "
              f"prefetch {place['prefetch']}, on {p.device}", ""]
-    rows = [("stage", "where", "ms/sample", "ms/batch", "share", "bytes out/sample")]
+    rows = [("stage", "where", "us/sample", "ms/batch", "share", "bytes out/sample")]
     for s in p.stages:
-        rows.append((s["stage"], s["backend"], number(s["ms_per_sample"]), number(s["ms_per_sample"] * p.batch_size),
-                     f"{s['share']:.0%}", _bytes(s["bytes_out_per_sample"]) if s["backend"] != "pcie" else ""))
+        ms = s["ms_per_sample"]
+        rows.append((s["stage"], s["backend"], number(1000 * ms), number(ms * p.batch_size), f"{s['share']:.0%}",
+                     _bytes(s["bytes_out_per_sample"]) if s["backend"] != "pcie" else ""))
     lines += _columns(rows, {2, 3, 4})
     b = p.bottleneck
     lines += ["", f"bottleneck  {b['stage']} on the {b['resource']}: {b['share']:.0%} of the time, "
-                  f"{number(b['ms_per_sample'])} ms per sample", ""]
+                  f"{number(1000 * b['ms_per_sample'])} us per sample", ""]
     rows = [("placement", "threads", "predicted samples/s", "measured samples/s", "bound by")]
     for r in p.placements:
         name = r["placement"] + (" (current)" if r["current"] else "")
