@@ -3,7 +3,7 @@ import torch
 
 from feedline.loader.runners import RunnerConfig
 from feedline.loader.runners.feature_runner import FeatureRunner
-from feedline.loader.runners.images import ImageRunner
+from feedline.loader.runners.image_runner import ImageRunner
 from feedline.loader.sources import open_source
 
 

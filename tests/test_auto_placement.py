@@ -13,7 +13,7 @@ from feedline.loader.placement.auto import AutoPlacement
 from feedline.loader.placement.monitors import CpuReading, GpuReading, ScriptedMonitor, WaitMonitor
 from feedline.loader.placement.profiler import Profile
 from feedline.loader.placement.scheduler import StageCost
-from feedline.loader.runners.images import ImageRunner
+from feedline.loader.runners.image_runner import ImageRunner
 from feedline.pipelines import image
 
 GiB = 2 ** 30

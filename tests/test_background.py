@@ -112,7 +112,7 @@ def test_the_profiler_sees_batch_making_code_where_it_runs(image_dir):
     plans = EpochSampler(len(runner.source), 4, seed=1).epoch(0)
     (batch, _), ran = run_profiled(lambda: next(runner.batches(iter(plans))))
     assert len(batch["index"]) == 4
-    assert any("loader/runners/images.py" in name for name in ran)
+    assert any("loader/runners/image_" in name for name in ran)
     runner.close()
 
 

@@ -9,7 +9,7 @@ from .contract import BatchInfo, Runner, RunnerConfig, StageTimes
 def make_runner(spec: PipelineSpec, source, config: RunnerConfig) -> Runner:
     """The runner for ``spec`` over its opened ``source`` (``feedline.loader.sources.open_source``)."""
     if isinstance(source, ImageFiles):
-        from .images import ImageRunner
+        from .image_runner import ImageRunner
         return ImageRunner(spec, source, config)
     from .feature_runner import FeatureRunner
     return FeatureRunner(spec, source, config)
