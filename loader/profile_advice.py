@@ -194,7 +194,7 @@ def _savings(spec, m: Model, rows: list[dict], top: dict, threads: int,
     if top["stage"] != TRANSFER and not any(o[0] == "convert" for o in options):
         after = _without(pred, top["backend"], top["ms_per_sample"] / 1000)
         options.append(("stage", f"make stage {top['stage']!r} cheaper: it is {top['share']:.0%} of the time "
-                                 f"({1000 * top['ms_per_sample']:.3g} us per sample on the {top['backend'].upper()}); "
+                                 f"({_us(top['ms_per_sample'])} us per sample on the {top['backend'].upper()}); "
                                  f"the gain is the bound with it free", slowest / max(after, 1e-12), True))
     return options
 
@@ -207,6 +207,11 @@ def _without(pred, backend: str, seconds: float, transfer: float | None = None) 
     elif backend == "gpu" and pred.gpu_busy_s_per_sample > 0:
         gpu_s *= max(0.0, 1 - seconds / pred.gpu_busy_s_per_sample)
     return max(cpu_s, gpu_s, pred.transfer_s_per_sample if transfer is None else transfer)
+
+
+def _us(ms: float) -> str:
+    us = 1000.0 * ms
+    return f"{us:,.0f}" if us >= 1000 else f"{us:.3g}"
 
 
 def _ms(seconds: float | None) -> float | None:
