@@ -59,7 +59,7 @@ def bench_remote(spec: PipelineSpec, *, batch_size: int, remote_workers: int, cp
     }
     # Untimed at the start of a turn: what a loader made ahead while it waited (its prefetch queue, and the
     # batches dealt ahead: a window that doubles where the workers are slow, see RemoteRunner._slow_workers).
-    untimed = max(c.prefetch + 2 * getattr(c._runner, "window", 0) for c in contenders.values())
+    untimed = max(c.prefetch + 2 * getattr(c.runner, "window", 0) for c in contenders.values())
     per_round = max(batches // rounds, 2 * untimed)
     phases = 1 if step is None else 2
     total = 2 * (warmup + phases * rounds * (untimed + per_round))
@@ -73,7 +73,7 @@ def bench_remote(spec: PipelineSpec, *, batch_size: int, remote_workers: int, cp
             first_batch_s[name] = time.perf_counter() - began
             for _ in range(warmup - 1):
                 next(stream)
-        runner = contenders["remote"]._runner
+        runner = contenders["remote"].runner
         runner.transfer_seconds = runner.remote_seconds = runner.wait_seconds = 0.0
         runner.remote_batches = 0
         capacity = alternate(streams, rounds=rounds, per_round=per_round, untimed=untimed, settle_s=settle_s,

@@ -117,13 +117,13 @@ def tables(report: dict, folder: Path, workers) -> None:
     for name, spec in (("tsv", big), ("converted", criteo(str(folder / "conv")))):
         remote = Loader(spec, remote=workers, **TABLE)
         report[f"table_{name}"] = epochs(remote)
-        report[f"table_{name}_remote_batches"] = remote._runner.remote_batches
+        report[f"table_{name}_remote_batches"] = remote.runner.remote_batches
         if name == "tsv":
             for batch in remote:  # a trainer may write to its batches without changing the next ones
                 batch["dense"].mul_(0)
                 batch["sparse"]["values"].mul_(0)
             report["table_after_writes"] = epochs(remote, 1)
-            report["table_share"] = remote._runner.local_share
+            report["table_share"] = remote.runner.local_share
         remote.close()
 
     bad = criteo(str(folder / "bad.tsv"), on_error="skip")
@@ -143,7 +143,7 @@ def tables(report: dict, folder: Path, workers) -> None:
         except Exception as e:
             raising.append({"delivered": delivered, "error": next(c.__name__ for c in type(e).__mro__
                                                                   if c.__module__.startswith("feedline")),
-                            "message": str(e), "remote_batches": getattr(loader._runner, "remote_batches", 0)})
+                            "message": str(e), "remote_batches": getattr(loader.runner, "remote_batches", 0)})
         loader.close()
     report["table_raise"] = raising
 
@@ -160,7 +160,7 @@ def tables(report: dict, folder: Path, workers) -> None:
     killed = Loader(big, remote=workers, **TABLE)
     it = iter(killed)
     got = [digest(next(it))]
-    runner = killed._runner
+    runner = killed.runner
     pid_before, busy = runner.team[0].pid, runner.deal.working(0)  # groups the worker has not finished
     ray.kill(runner.actors[0], no_restart=False)
     got += [digest(b) for b in it] + [digest(b) for b in killed]
@@ -188,7 +188,7 @@ def main(data: str, out: str) -> None:
     remote = Loader(spec, batch_size=4, placement="cpu", seed=3, remote=workers)
     report["images_local"], report["images_remote"] = epochs(local), epochs(remote)
     report["images_local_epochs_3_4"] = epochs(local, 2)[10:]
-    report["remote_batches"] = remote._runner.remote_batches
+    report["remote_batches"] = remote.runner.remote_batches
     for batch in remote:  # a trainer may write to its batches (views of the object store) ...
         batch["image"].mul_(0)
     report["after_writes"] = epochs(remote, 1)  # ... without changing the next ones
@@ -210,7 +210,7 @@ def main(data: str, out: str) -> None:
     got, it = [], iter(killed)
     for _ in range(3):
         got.append(digest(next(it)))
-    victim = killed._runner.actors[0]
+    victim = killed.runner.actors[0]
     pid_before = ray.get(victim.pid.remote())
     ray.kill(victim, no_restart=False)
     got += [digest(b) for b in it] + [digest(b) for b in killed]
@@ -226,7 +226,7 @@ def main(data: str, out: str) -> None:
     val = Loader(val_spec, batch_size=4, placement="cpu", shuffle=False, remote=shared)
     report["shared_turns"] = [epochs(train, 1), epochs(val, 1), epochs(train, 1), epochs(val, 1)]
     report["shared_val_local"] = epochs(Loader(val_spec, batch_size=4, placement="cpu", shuffle=False), 1)
-    report["shared_actors"] = [sorted(w.actor_id for w in loader._runner.team) for loader in (train, val)]
+    report["shared_actors"] = [sorted(w.actor_id for w in loader.runner.team) for loader in (train, val)]
     started = time.perf_counter()  # workers of another shape, with no room left for them: a bounded wait
     try:
         Loader(spec, batch_size=4, placement="cpu", remote=RayWorkers(cpus_per_worker=2, start_timeout_s=2))
@@ -275,13 +275,13 @@ def main(data: str, out: str) -> None:
                                         image.custom(stall_once_in_workers(str(scratch / "hang"), 120))])
     hanging = Loader(hang_spec, batch_size=4, placement="cpu", seed=3, num_threads=1,
                      remote=RayWorkers(num_workers=1, stall_warning_s=0.5, batch_timeout_s=3))
-    pid_before, started = hanging._runner.team[0].pid, time.perf_counter()
+    pid_before, started = hanging.runner.team[0].pid, time.perf_counter()
     try:
         epochs(hanging, 1)
         report["hang"] = None
     except TimeoutError as e:
         report["hang"] = {"message": str(e), "seconds": time.perf_counter() - started,
-                          "pids": [pid_before, ray.get(hanging._runner.actors[0].pid.remote(), timeout=60)]}
+                          "pids": [pid_before, ray.get(hanging.runner.actors[0].pid.remote(), timeout=60)]}
     hanging.close()
     logging.getLogger("feedline").removeHandler(lines)
     val.close()
@@ -341,7 +341,7 @@ def main(data: str, out: str) -> None:
     cluster.add_node(num_cpus=2)
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     auto = Loader(spec, batch_size=4, placement="auto", seed=3, remote=workers)
-    report["auto_two_nodes"] = [epochs(auto, 1), auto.plan["remote"], auto._runner.remote_batches]
+    report["auto_two_nodes"] = [epochs(auto, 1), auto.plan["remote"], auto.runner.remote_batches]
     auto.close()
     report["sockets"] += sockets_of_ray()
     ray.shutdown()

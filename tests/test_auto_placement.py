@@ -9,10 +9,11 @@ from feedline.loader import loader as loader_module
 from feedline.loader.background import BackgroundStream
 from feedline.loader.devices import gpu_available
 from feedline.loader.placement import auto as auto_module
+from feedline.loader.placement import controller as controller_module
 from feedline.loader.placement.auto import AutoPlacement
 from feedline.loader.placement.monitors import CpuReading, GpuReading, ScriptedMonitor, WaitMonitor
 from feedline.loader.placement.profiler import Profile
-from feedline.loader.placement.scheduler import StageCost
+from feedline.loader.placement.measurements import StageCost
 from feedline.loader.runners.image_runner import ImageRunner
 from feedline.pipelines import image
 
@@ -109,7 +110,7 @@ def test_a_replan_that_moves_the_cut_mid_epoch_delivers_the_cpu_batches(image_di
     assert len(reference) == 10   # 37 images
 
     # A machine with a GPU: the Loader delivers on it and the scheduler weighs every cut.
-    monkeypatch.setattr(loader_module, "gpu_available", lambda: True)
+    monkeypatch.setattr(controller_module, "gpu_available", lambda: True)
     monkeypatch.setattr(auto_module, "gpu_available", lambda: True)
     # ... whose GPU is the CPU: no CUDA stream to make batches on, GPU-placed torch stages run on the CPU.
     monkeypatch.setattr(loader_module, "BackgroundStream",
@@ -117,14 +118,14 @@ def test_a_replan_that_moves_the_cut_mid_epoch_delivers_the_cpu_batches(image_di
     cpu = torch.device("cpu")
     built = []
 
-    def runner_for(self, config):
+    def make_runner(pipeline, source, config):
         built.append(config.cut)
         if config.cut < EMULATED_GPU_CUT:
             return NeedsDaliOnAGpu(config.cut)
-        real = ImageRunner(self.pipeline, self.source, dataclasses.replace(config, device=cpu), gpu=cpu)
+        real = ImageRunner(pipeline, source, dataclasses.replace(config, device=cpu), gpu=cpu)
         return TaggedRunner(real, config.cut)
 
-    monkeypatch.setattr(Loader, "_runner_for", runner_for)
+    monkeypatch.setattr(loader_module, "make_runner", make_runner)
     costs = tuple(StageCost(s.name, *COSTS[s.name]) for s in spec.stages)
     monkeypatch.setattr(auto_module, "profile", lambda *args, **kwargs: Profile(costs, 100.0, 12e9, 12, 0.01))
 
@@ -142,7 +143,7 @@ def test_a_replan_that_moves_the_cut_mid_epoch_delivers_the_cpu_batches(image_di
         made.append(auto)
         return auto
 
-    monkeypatch.setattr(loader_module, "AutoPlacement", auto_placement)
+    monkeypatch.setattr(controller_module, "AutoPlacement", auto_placement)
     loader = Loader(spec, batch_size=4, placement="auto", seed=3, num_threads=1)
     try:
         assert len(made) == 1 and loader.device.type == "cuda"

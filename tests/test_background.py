@@ -80,7 +80,7 @@ def test_the_trainer_thread_only_takes_finished_batches(image_dir, spy):
     first = next(it)
     assert all(thread == THREAD_NAME for thread, _, _ in spy)
     # The trainer "works" (here: blocks) and the next batches are finished meanwhile, on the loader's thread.
-    wait_for(lambda: loader._stream.ready == 2, "two batches are ready")
+    wait_for(lambda: loader.background.ready == 2, "two batches are ready")
     asked = time.monotonic()
     second, ran = run_profiled(lambda: next(it))
     made = {tuple(index): when for _, when, index in spy}
@@ -215,7 +215,7 @@ def test_batches_on_the_gpu_are_made_on_the_loaders_stream_and_safe_on_the_train
     with torch.cuda.stream(trainer_stream):
         for k, batch in enumerate(loader):
             image_ = batch["image"]
-            assert image_.is_cuda and loader._stream._cuda_stream != trainer_stream
+            assert image_.is_cuda and loader.background._cuda_stream != trainer_stream
             assert (image_.float() - cpu[k].cuda().float()).abs().max() <= 1.0 / 255 / 0.224 + 1e-6
             compared += 1
     assert compared == len(cpu)

@@ -59,7 +59,7 @@ def test_a_forked_child_gets_a_clear_error_not_the_parents_batches(image_dir):
     loader = Loader(image.val(image_dir, size=32), batch_size=4, placement="cpu", prefetch=2)
     it = iter(loader)
     first = next(it)["index"].tolist()
-    wait_for(lambda: loader._stream.ready == 2, "the parent has two batches ready")
+    wait_for(lambda: loader.background.ready == 2, "the parent has two batches ready")
 
     def child():
         return {"old": outcome(lambda: next(it)["index"].tolist()),

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from feedline.loader import Loader, loader as loader_module
+from feedline.loader.background import BackgroundStream
+from feedline.loader.placement import controller as controller_module
 from feedline.loader.devices import is_gpu_failure
 from feedline.pipelines import image
 
@@ -31,6 +33,15 @@ class FailingGpuRunner:
         self.real.close()
 
 
+def as_if_on_a_gpu(monkeypatch) -> torch.device:
+    """A machine whose placement controller sees a GPU, with no CUDA stream to make batches on here: the
+    stand-in runners make the GPU placement's batches on the CPU (returned)."""
+    monkeypatch.setattr(controller_module, "gpu_available", lambda: True)
+    monkeypatch.setattr(loader_module, "BackgroundStream",
+                        lambda make, depth, *, cuda=None, describe: BackgroundStream(make, depth, describe=describe))
+    return torch.device("cpu")
+
+
 @pytest.mark.parametrize("error", [
     torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
     RuntimeError("CUDA error: an illegal memory access was encountered"),
@@ -38,20 +49,18 @@ class FailingGpuRunner:
 ])
 def test_gpu_failure_falls_back_to_cpu_without_losing_a_batch(image_dir, monkeypatch, error):
     spec = image.train(image_dir, size=32, output="uint8")
-    monkeypatch.setattr(loader_module, "gpu_available", lambda: True)
-    make = Loader._runner_for
-    cpu = torch.device("cpu")
+    cpu = as_if_on_a_gpu(monkeypatch)
+    make = loader_module.make_runner
 
-    def runner_for(self, config):
+    def make_runner(pipeline, source, config):
         if config.cut == spec.all_cpu:
-            return make(self, dataclasses.replace(config, device=cpu))
-        real = make(self, dataclasses.replace(config, cut=spec.all_cpu, device=cpu))
+            return make(pipeline, source, dataclasses.replace(config, device=cpu))
+        real = make(pipeline, source, dataclasses.replace(config, cut=spec.all_cpu, device=cpu))
         return FailingGpuRunner(real, good=2, error=error)
 
-    monkeypatch.setattr(Loader, "_runner_for", runner_for)
+    monkeypatch.setattr(loader_module, "make_runner", make_runner)
     loader = Loader(spec, batch_size=5, placement="gpu", seed=1)
     assert loader.cut == 1 and loader.device.type == "cuda"
-    loader.device = cpu  # no GPU here to deliver to (nor a CUDA stream to make batches on)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         seen = [i for batch in loader for i in batch["index"].tolist()]
@@ -151,17 +160,15 @@ def test_the_loader_falls_back_when_dali_fails_on_the_gpu(image_dir, monkeypatch
     """The Loader runs a GPU placement whose DALI pipeline fails with DALI's own message, at build time or
     mid-epoch; it moves to the CPU and delivers every sample exactly once, in the CPU placement's order."""
     spec = image.train(image_dir, size=32, output="uint8")
-    monkeypatch.setattr(loader_module, "gpu_available", lambda: True)
-    make = Loader._runner_for
-    cpu = torch.device("cpu")
+    cpu = as_if_on_a_gpu(monkeypatch)
+    make = loader_module.make_runner
 
-    def runner_for(self, config):
-        runner = make(self, dataclasses.replace(config, cut=spec.all_cpu, device=cpu))
+    def make_runner(pipeline, source, config):
+        runner = make(pipeline, source, dataclasses.replace(config, cut=spec.all_cpu, device=cpu))
         return runner if config.cut == spec.all_cpu else failing_at_dali(runner, message, 2, at_build)
 
-    monkeypatch.setattr(Loader, "_runner_for", runner_for)
+    monkeypatch.setattr(loader_module, "make_runner", make_runner)
     loader = Loader(spec, batch_size=5, placement="gpu", seed=1)
-    loader.device = cpu  # no GPU here to deliver to (nor a CUDA stream to make batches on)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         batches = [(b["index"].tolist(), b["image"]) for b in loader]

@@ -230,4 +230,4 @@ def test_dropped_batches_are_reused(small_train):
     loader = Loader(spec, batch_size=4, seed=1, placement="cpu")
     for _ in loader:
         pass
-    assert loader._runner._outputs.reused > 0
+    assert loader.runner._outputs.reused > 0

@@ -98,7 +98,7 @@ def test_with_closes_the_loader(train):
     with Loader(train, batch_size=8, placement="cpu") as loader:
         next(iter(loader))
         assert threads() == before + 1
-    assert threads() == before and loader._stream is None
+    assert threads() == before and loader.background is None
 
 
 # ---- torchrun without init_process_group ----------------------------------------------------------------------

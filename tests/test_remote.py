@@ -272,7 +272,7 @@ def test_loader_arguments_for_remote_workers_are_checked(image_dir, monkeypatch)
     with pytest.raises(TypeError, match="remote must be a feedline.loader.RayWorkers, got dict"):
         Loader(spec, batch_size=4, placement="cpu", remote={"num_workers": 2})
     # As on a GPU machine, where placement="gpu" resolves: the workers cannot run its GPU stages.
-    monkeypatch.setattr("feedline.loader.loader.gpu_available", lambda: True)
+    monkeypatch.setattr("feedline.loader.placement.controller.gpu_available", lambda: True)
     with pytest.raises(PlacementError, match="remote workers run the CPU placement of a pipeline; placement 'gpu'"):
         Loader(spec, batch_size=4, placement="gpu", remote=RayWorkers())
     monkeypatch.undo()

@@ -1,11 +1,11 @@
-"""How many Ray workers placement="auto" adds (loader/placement/remote.py): its rate model against a
+"""How many Ray workers placement="auto" adds (loader/placement/remote_decision.py): its rate model against a
 simulation of the deal, and its decisions."""
 import heapq
 from types import SimpleNamespace
 
 import pytest
 
-from feedline.loader.placement.remote import decide, rate
+from feedline.loader.placement.remote_decision import decide, rate
 
 
 def simulated_rate(local: int, remote: int, batch_s: float, transfer_s: float, batch_size: int,

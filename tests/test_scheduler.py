@@ -10,11 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedline.loader.errors import PlacementError
+from feedline.loader.placement.decision import PlacementDecision, trainer_load
+from feedline.loader.placement.measurements import MIN_CPU_SHARE, MIN_WAIT_BATCHES, Measurements, Resources, StageCost
+from feedline.loader.placement.model import DEMAND_HEADROOM, GPU_SATURATED, prefetch_depth
 from feedline.loader.placement.monitors import GpuReading, WaitReading
 from feedline.loader.placement.report import plan_dict, plan_table
-from feedline.loader.placement.scheduler import (DEMAND_HEADROOM, GPU_SATURATED, MIN_CPU_SHARE, MIN_WAIT_BATCHES,
-                                                 STABLE_WINDOW_CONFIRMS, Measurements, Plan, Resources, Scheduler,
-                                                 StageCost, prefetch_depth, trainer_load)
+from feedline.loader.placement.scheduler import STABLE_WINDOW_CONFIRMS, Scheduler
 from feedline.pipelines.spec import PipelineSpec
 from feedline.pipelines.stage import Backend, PlainStage
 
@@ -296,7 +297,7 @@ def producers_of(stages):
 def brute_force(stages, m, *, batch_size, output_device, reserve=GPU_MEMORY_RESERVE):
     """Every (cut, threads) the model can judge, with (samples/s, score, prefetch, why it cannot run or None).
 
-    Written from the docstring of loader/placement/scheduler.py (and those of Resources, StageCost,
+    Written from the docstring of loader/placement/model.py (and those of Resources, StageCost,
     Measurements.demand_samples_per_s and prefetch_depth), not from the scheduler's code."""
     n = len(stages)
     costs = {c.stage: c for c in m.costs}
@@ -616,7 +617,7 @@ def test_report_rejects_what_is_not_a_plan():
     m = image_measurements()
     with pytest.raises(TypeError, match="plan"):
         plan_table("gpu", m)
-    plan: Plan = image_scheduler().decide(m)
+    plan: PlacementDecision = image_scheduler().decide(m)
     other = dataclasses.replace(m, costs=m.costs[:2])
     with pytest.raises(ValueError, match="no cost"):
         plan_dict(plan, other)

@@ -41,7 +41,7 @@ def main(data: str, out: str) -> None:
                                                                          "shuffle_buffer": 128})):
         loader = Loader(spec, placement="cpu", remote=workers, **kwargs)
         report[name] = epoch(loader)
-        report[name]["remote_batches"] = loader._runner.remote_batches
+        report[name]["remote_batches"] = loader.runner.remote_batches
         loader.close()
     Path(out).write_text(json.dumps(report))
 

@@ -1,5 +1,6 @@
-"""Where each stage runs: a placement request resolved to a cut, or chosen by measuring (scheduler, monitors,
-profiler, auto placement, the plan report)."""
-from .resolve import resolve
+"""Where each stage runs: one controller of every placement decision (``controller``), a placement request
+resolved to a cut, or chosen by measuring (scheduler and its model, monitors, profiler, auto placement, remote
+workers' decision, the report)."""
+from .resolve import resolve, uses_gpu
 
-__all__ = ["resolve"]
+__all__ = ["resolve", "uses_gpu"]

@@ -6,39 +6,38 @@ import dataclasses
 import itertools
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ...pipelines.spec import PipelineSpec
 from ..devices import gpu_available
 from ..runners.contract import RunnerConfig
+from .decision import PlacementDecision, trainer_load
+from .measurements import Measurements, Resources
 from .monitors import NoGpu, NvmlGpuMonitor, PsutilCpuMonitor, WaitMonitor
-from .profiler import OrderFactory, Profile, RunnerFactory, profile
+from .profiler import PROBE_SEED, OrderFactory, Profile, RunnerFactory, profile
 from .report import plan_dict, plan_table
-from .scheduler import Measurements, Plan, Resources, Scheduler, trainer_load
+from .scheduler import Scheduler
 
 log = logging.getLogger("feedline")
 REPLAN_EVERY_S = 10.0
 MEASURED_MARGIN = 0.05  # a measured difference smaller than this is noise
 CHECK_ROUNDS = 2
 CHECK_SECONDS = 0.3
-PROBE_SEED = 12345
 
 
 class AutoPlacement:
     """``config`` is the Loader's runner configuration (batch size, device, ...); ``runners`` makes a runner
     for a configuration over the Loader's opened source, ``orders`` that source's order for a batch size and
-    seed. Probes and profiling run on runners and orders of their own, never on the Loader's."""
+    seed. Probes and profiling run on runners and orders of their own, never on the Loader's. ``cuts``: those
+    the scheduler may choose (default every valid cut; ``controller.PlacementController`` narrows them)."""
 
     def __init__(self, spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, orders: OrderFactory,
                  cores: int, *, replan_every_s: float = REPLAN_EVERY_S, clock: Callable[[], float] = time.monotonic,
-                 cpu_only: bool = False):
+                 cuts: Sequence[int] | None = None):
         device, batch_size = config.device, config.batch_size
         on_gpu = device.type == "cuda" and gpu_available()
-        # Without a GPU every GPU cut is ruled out by the readings (and says so); with one, batches wanted on
-        # the CPU (or made with remote workers, which run the CPU placement) keep the whole pipeline there.
-        cuts = [spec.all_cpu] if cpu_only or (gpu_available() and not on_gpu) else spec.valid_cuts()
         self.spec = spec
         self.config = config
         self.runners = runners
@@ -61,10 +60,10 @@ class AutoPlacement:
         self._samples = 0
 
     @property
-    def plan(self) -> Plan | None:
+    def plan(self) -> PlacementDecision | None:
         return self.scheduler.current
 
-    def start(self) -> Plan:
+    def start(self) -> PlacementDecision:
         """Profile the pipeline, choose the first plan, and check its thread count by measuring."""
         started = time.perf_counter()
         self.profile = profile(self.spec, self.config, self.runners, self.orders,
@@ -78,7 +77,7 @@ class AutoPlacement:
         self._restart_window()
         return plan
 
-    def _check_threads(self, plan: Plan) -> Plan:
+    def _check_threads(self, plan: PlacementDecision) -> PlacementDecision:
         """The model counts cores, not what oversubscribing them costs: the consumer thread (host and torch
         stages) competes with the worker threads. Measure the chosen thread count against one fewer, in
         alternating rounds, and keep the faster; fewer threads winning by more than the noise also caps later
@@ -108,6 +107,13 @@ class AutoPlacement:
         config = dataclasses.replace(self.config, cut=cut, num_threads=threads, seed=PROBE_SEED)
         return _Probe(self.runners(config), self.orders(self.batch_size, PROBE_SEED), self.device)
 
+    def sample_batch(self, cut: int) -> dict:
+        """One batch made at ``cut`` on one thread, outside the trainer's epochs (what a remote worker would
+        send: the remote workers' decision times it through the object store)."""
+        probe = self._probe(cut, 1)
+        probe.close()
+        return probe.first
+
     def _measurements(self, samples_per_s: float | None) -> Measurements:
         cpu = self.cpu.sample()
         gpu = self.gpu.sample()
@@ -126,7 +132,7 @@ class AutoPlacement:
         self._since, self._samples = self._clock(), 0
         self.wait.reset()
 
-    def delivered(self, samples: int) -> Plan | None:
+    def delivered(self, samples: int) -> PlacementDecision | None:
         """Count a delivered batch; every ``replan_every_s`` ask the scheduler, and return a new plan to move to."""
         self._samples += samples
         elapsed = self._clock() - self._since
@@ -171,9 +177,10 @@ class _Probe:
         plans = (plan for epoch in itertools.count() for plan in sampler.epoch(epoch))
         self.batches = runner.batches(plans)
         self.stream = (batch for batch, _ in self.batches if batch is not None)
-        next(self.stream)  # build and warm up
+        self.first = next(self.stream)  # build and warm up
 
     def __call__(self) -> float:
+        self.first = None  # its buffers may be reused while timing
         self.sync()
         started = time.perf_counter()
         samples = 0

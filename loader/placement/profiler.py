@@ -17,10 +17,9 @@ import torch
 from ...pipelines.spec import PipelineSpec
 from ..runners.contract import Runner, RunnerConfig, StageTimes
 from ..sampler import BatchPlan
-from .scheduler import StageCost
+from .measurements import DEFAULT_H2D_BYTES_PER_S, StageCost
 
-DEFAULT_H2D_BYTES_PER_S = 12e9
-PROFILE_SEED = 12345
+PROBE_SEED = 12345  # the fixed shuffled order of profiling and probes, apart from any epoch the trainer sees
 
 RunnerFactory = Callable[[RunnerConfig], Runner]
 # (batch size, seed) -> the order of the Loader's source for one rank: EpochSampler or StreamOrder
@@ -40,7 +39,7 @@ def first_plans(orders: OrderFactory, batch_size: int, batches: int) -> list[Bat
     """The first plans of fixed shuffled epochs, in the source's own order (for a streamed table: one
     buffer-full's chunks, not rows from all over the files). A dataset smaller than ``batches`` batches is
     gone through again, epoch after epoch, so that even one sample gives ``batches`` plans."""
-    order = orders(batch_size, PROFILE_SEED)
+    order = orders(batch_size, PROBE_SEED)
     return list(itertools.islice((plan for epoch in itertools.count() for plan in order.epoch(epoch)), batches))
 
 

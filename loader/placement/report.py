@@ -1,4 +1,5 @@
-"""A plan and the measurements behind it, as a table for people (``feedline plan``) and as JSON-able data."""
+"""A placement decision and the measurements behind it, as a table for people (``feedline plan``) and as JSON-able
+data."""
 from __future__ import annotations
 
 from ...pipelines.image import infer_types
@@ -6,14 +7,16 @@ from ...pipelines.image_sources import FileList, ImageFolder, WebDataset
 from ...pipelines.spec import PipelineSpec
 from ...pipelines.stage import Backend
 from ..runners import image_graph
-from .scheduler import Measurements, Plan, format_bytes, format_ms
+from .decision import PlacementDecision
+from .measurements import Measurements
+from .units import format_bytes, format_ms
 
 COLUMNS = ("stage", "CPU ms/batch", "GPU ms/batch", "bytes out/sample", "backend", "reason")
 
 
-def _check(plan: Plan, measurements: Measurements) -> None:
-    if not isinstance(plan, Plan):
-        raise TypeError(f"plan must be a Plan, got {type(plan).__name__}")
+def _check(plan: PlacementDecision, measurements: Measurements) -> None:
+    if not isinstance(plan, PlacementDecision):
+        raise TypeError(f"plan must be a PlacementDecision, got {type(plan).__name__}")
     if not isinstance(measurements, Measurements):
         raise TypeError(f"measurements must be Measurements, got {type(measurements).__name__}")
     missing = [s.stage for s in plan.stages if s.stage not in {c.stage for c in measurements.costs}]
@@ -25,7 +28,7 @@ def _ms_per_batch(seconds_per_sample: float | None, batch_size: int) -> float | 
     return None if seconds_per_sample is None else seconds_per_sample * batch_size * 1000.0
 
 
-def plan_dict(plan: Plan, measurements: Measurements, measured_samples_per_s: float | None = None) -> dict:
+def plan_dict(plan: PlacementDecision, measurements: Measurements, measured_samples_per_s: float | None = None) -> dict:
     """Everything the table shows, in plain types (``json.dumps`` takes it as is). ``measured_samples_per_s``
     defaults to the measurements' own."""
     _check(plan, measurements)
@@ -65,7 +68,7 @@ def plan_dict(plan: Plan, measurements: Measurements, measured_samples_per_s: fl
     }
 
 
-def plan_table(plan: Plan, measurements: Measurements, measured_samples_per_s: float | None = None) -> str:
+def plan_table(plan: PlacementDecision, measurements: Measurements, measured_samples_per_s: float | None = None) -> str:
     """One row per stage (its cost on each backend, bytes out, where it runs and why), then the predicted
     and, when known, measured throughput."""
     return format_plan(plan_dict(plan, measurements, measured_samples_per_s))

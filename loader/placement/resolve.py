@@ -9,12 +9,17 @@ from ..errors import PlacementError
 NAMED = ("cpu", "gpu", "auto")
 
 
+def uses_gpu(spec: PipelineSpec, cut: int) -> bool:
+    """Whether ``cut`` runs any stage of ``spec`` on the GPU (every cut but ``spec.all_cpu``)."""
+    return cut < spec.all_cpu
+
+
 def resolve(spec: PipelineSpec, placement: str | Mapping, gpu_available: bool) -> int:
     """The cut for ``placement``. ``"auto"`` here is the static rule (the earliest GPU cut where a GPU exists,
-    else the CPU); the Loader hands ``"auto"`` to the scheduler where one is wired in."""
+    else the CPU); the placement controller hands ``"auto"`` to the scheduler."""
     if isinstance(placement, Mapping):
         cut = spec.cut_from_mapping(placement)
-        if cut < spec.all_cpu and not gpu_available:
+        if uses_gpu(spec, cut) and not gpu_available:
             raise PlacementError(f"placement {dict(placement)} puts {[s.name for s in spec.stages[cut:]]} on the GPU, "
                                  f"but this machine has no usable CUDA GPU; use placement='cpu' or 'auto'")
         return cut

@@ -15,9 +15,13 @@ used.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
+import torch
+
+from ..runners.remote import RayWorkers, available_workers, batches_per_group, connect, object_store_seconds
 from ..runners.remote_deal import balanced_rates
-from .scheduler import Plan
+from .decision import PlacementDecision
 
 ENOUGH = 0.95
 
@@ -47,7 +51,7 @@ def rate(local_threads: int, remote_cores: int, batch_s: float, transfer_s: floa
     return (local_threads + remote_cores) * batch_size / round_s
 
 
-def decide(plan: Plan, *, workers: int, cpus_per_worker: int, available_workers: int, transfer_s: float,
+def decide(plan: PlacementDecision, *, workers: int, cpus_per_worker: int, available_workers: int, transfer_s: float,
            put_s: float = 0.0, balanced: bool = False) -> RemoteDecision:
     """Remote workers for ``plan`` (the CPU placement, profiled locally): none unless the CPU is its
     bottleneck, at most ``available_workers`` (those the cluster has CPUs for on other machines).
@@ -94,3 +98,17 @@ def remote_report(requested, used, decision: RemoteDecision | None) -> dict:
                predicted_local_samples_per_s=decision.local_samples_per_s,
                batch_seconds=decision.batch_s, receive_seconds=decision.transfer_s, put_seconds=decision.put_s)
     return out
+
+
+def measure_and_decide(plan: PlacementDecision, remote: RayWorkers, sample_batch: Callable[[], dict],
+                       device: torch.device, group_rows: int | None) -> RemoteDecision:
+    """``decide`` from measurements: a batch of ``plan`` (``sample_batch()``, made locally) timed through the
+    object store of the cluster ``remote`` joins, as many to an object as the workers return (one buffer-full of
+    ``group_rows`` for a table), and the workers the cluster has room for."""
+    ray = connect(remote)
+    sample = sample_batch()
+    group = batches_per_group(group_rows, plan.batch_size)
+    put_s, take_s = object_store_seconds(ray, sample, device, per_object=group)
+    return decide(plan, workers=remote.num_workers, cpus_per_worker=remote.cpus_per_worker,
+                  available_workers=available_workers(ray, remote), transfer_s=take_s,
+                  put_s=put_s if group > 1 else 0.0, balanced=group > 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..pipelines.spec import PipelineSpec
 from ..pipelines.tabular import TabularFiles
+from ..pipelines.validate import int_in, positive_int
 from .devices import available_cores
 from .errors import OnError, parse_on_error
 from .stream_order import DEFAULT_BUFFER_ROWS
@@ -13,17 +14,21 @@ def _integer(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def work_counts(num_threads: int | None, prefetch: int, max_pixels: int) -> int:
-    """``num_threads`` (default: the cores this process may use), after checking all three."""
-    if num_threads is None:
-        num_threads = available_cores()
-    if not _integer(num_threads) or num_threads < 1:
-        raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
-    if not _integer(prefetch) or not 1 <= prefetch <= 16:
-        raise ValueError(f"prefetch must be an integer in [1, 16], got {prefetch!r}")
-    if not _integer(max_pixels) or max_pixels < 1:
-        raise ValueError(f"max_pixels must be a positive integer, got {max_pixels!r}")
-    return num_threads
+def work_counts(num_threads: int | None, prefetch: int, max_pixels: int) -> tuple[int, int, int]:
+    """``(num_threads, prefetch, max_pixels)`` checked, ``num_threads`` defaulting to the cores this process may
+    use."""
+    num_threads = positive_int("num_threads", available_cores() if num_threads is None else num_threads)
+    prefetch = int_in("prefetch", prefetch, 1, 16)
+    max_pixels = positive_int("max_pixels", max_pixels)
+    return num_threads, prefetch, max_pixels
+
+
+def batch_pixels(max_batch_pixels: int | None, max_pixels: int) -> int | None:
+    """``max_batch_pixels``: None (the runner's default), or at least ``max_pixels``."""
+    if max_batch_pixels is not None and (not _integer(max_batch_pixels) or max_batch_pixels < max_pixels):
+        raise ValueError(f"max_batch_pixels must be an integer of at least max_pixels ({max_pixels}), so that "
+                         f"one image of max_pixels fits a batch; got {max_batch_pixels!r}")
+    return max_batch_pixels
 
 
 def shuffle_buffer_rows(pipeline: PipelineSpec, shuffle_buffer: int | None) -> int | None:
