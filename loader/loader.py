@@ -236,6 +236,15 @@ class Loader:
             raise ValueError("state has an invalid 'skipped' list") from None
         self._earlier_skips = earlier + [k for k in self._earlier_skips if k not in earlier]
 
+    def profile(self, batches: int = 40):
+        """Time this loader's stages and delivery between iterations (``feedline.loader.profile``)."""
+        from .profile import profile_loader
+        return profile_loader(self, batches=batches)
+
+    def stats(self) -> dict[str, Any]:
+        """Its figures now: placement, rates, stage times, skips (``feedline.loader.stats``)."""
+        from .stats import loader_stats
+        return loader_stats(self)
 
     def close(self) -> None:
         if self._process.forked:  # the thread and pipelines are the parent's: let go, never join or free them

@@ -231,3 +231,21 @@ def test_dropped_batches_are_reused(small_train):
     for _ in loader:
         pass
     assert loader.runner._outputs.reused > 0
+
+
+def test_profile_and_stats_are_asked_of_the_loader(image_dir):
+    """``loader.profile()`` and ``loader.stats()`` are ``feedline.loader.profile`` and ``feedline.loader.stats``
+    for this loader: the profile leaves its saved position as it was, and the stats then show its stage times."""
+    from feedline.loader.stats import loader_stats
+
+    loader = Loader(image.val(image_dir, size=32), batch_size=8, placement="cpu", shuffle=False)
+    first = next(iter(loader))["index"].tolist()
+    saved = loader.state_dict()
+    profile = loader.profile(batches=2)
+    assert (profile.pipeline, profile.batch_size, profile.placement["placement"]) == ("image-val", 8, "cpu")
+    assert loader.state_dict() == saved
+    stats = loader.stats()
+    assert stats == loader_stats(loader) and stats["stages_measured_by"] == "loader.profile()"
+    assert set(stats["stages"]) == {s.name for s in loader.pipeline.stages}
+    assert first == list(range(8))
+    loader.close()
