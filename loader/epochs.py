@@ -4,6 +4,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable, Iterator
 
+from ..pipelines.validate import int_at_least, positive_int
+
 
 def endless(make: Callable[[], Iterable]) -> Iterator:
     """Batches from ``make()``, then from ``make()`` again, forever: pass ``lambda: loader`` for a Loader or a
@@ -36,10 +38,8 @@ def measure_loader(
             f"iterable_factory must be a callable returning an iterable, "
             f"got {type(iterable_factory).__name__}"
         )
-    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
-        raise ValueError(f"batches must be a positive integer, got {batches!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    batches = positive_int("batches", batches)
+    warmup = int_at_least("warmup", warmup, 0)
     batch_iter = endless(iterable_factory)
     for _ in range(warmup):
         next(batch_iter)

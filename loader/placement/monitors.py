@@ -14,6 +14,8 @@ from typing import Callable, Generic, Iterable, Iterator, Protocol, TypeVar, run
 
 import psutil
 
+from ...pipelines.validate import int_at_least, optional_positive_int, positive_int
+
 
 @dataclass(frozen=True)
 class CpuReading:
@@ -24,8 +26,7 @@ class CpuReading:
     cores: int
 
     def __post_init__(self) -> None:
-        if isinstance(self.cores, bool) or not isinstance(self.cores, int) or self.cores < 1:
-            raise ValueError(f"cores must be a positive integer, got {self.cores!r}")
+        positive_int("cores", self.cores)
         for name in ("process_percent", "machine_percent"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0.0 <= value <= 100.0):
@@ -69,8 +70,7 @@ class WaitReading:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0.0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if isinstance(self.batches, bool) or not isinstance(self.batches, int) or self.batches < 0:
-            raise ValueError(f"batches must be an integer >= 0, got {self.batches!r}")
+        int_at_least("batches", self.batches, 0)
 
 
 @runtime_checkable
@@ -94,8 +94,7 @@ class PsutilCpuMonitor:
     """This process's CPU use and the machine's, each since the previous ``sample()`` (or construction)."""
 
     def __init__(self, pid: int | None = None):
-        if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid < 1):
-            raise ValueError(f"pid must be a positive integer or None, got {pid!r}")
+        pid = optional_positive_int("pid", pid)
         self._process = psutil.Process(pid)
         self.cores = _usable_cores(self._process)
         # psutil measures from the previous call; these first calls only start the interval.
@@ -151,8 +150,7 @@ class NvmlGpuMonitor:
 
     @classmethod
     def create(cls, cuda_device: int = 0) -> NvmlGpuMonitor | NoGpu:
-        if isinstance(cuda_device, bool) or not isinstance(cuda_device, int) or cuda_device < 0:
-            raise ValueError(f"cuda_device must be an integer >= 0, got {cuda_device!r}")
+        cuda_device = int_at_least("cuda_device", cuda_device, 0)
         try:
             import pynvml
         except Exception as exc:  # ImportError, or a broken install
@@ -224,8 +222,7 @@ class WaitMonitor:
     """
 
     def __init__(self, window: int = 64, clock: Callable[[], float] = time.perf_counter):
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be a positive integer, got {window!r}")
+        window = positive_int("window", window)
         if not callable(clock):
             raise TypeError(f"clock must be callable (e.g. time.perf_counter), got {type(clock).__name__}")
         self._clock = clock
