@@ -33,19 +33,23 @@ class Model:
 
 
 def model(spec, costs: StageProfile, *, batch_size: int, device, cut: int, threads: int) -> Model:
+    """The model of this machine now (its cores, its GPU as NVML reads it) with the profiled costs."""
     on_gpu = getattr(device, "type", "cpu") == "cuda" and gpu_available()
     monitor = NvmlGpuMonitor.create(device.index or 0) if on_gpu else NoGpu()
     try:
         reading = monitor.sample()
     finally:
         monitor.close()
-    cores = available_cores()
-    resources = Resources(cores=cores, trainer_cpu_cores_busy=0.0, gpu=reading,
+    resources = Resources(cores=available_cores(), trainer_cpu_cores_busy=0.0, gpu=reading,
                           h2d_bytes_per_s=costs.h2d_bytes_per_s)
     measurements = Measurements(costs.costs, costs.source_bytes_per_sample, resources)
-    # the scheduler's own model, with its settings (GPU memory reserve)
+    return model_of(spec, measurements, batch_size=batch_size, on_gpu=on_gpu, cut=cut, threads=threads)
+
+
+def model_of(spec, measurements: Measurements, *, batch_size: int, on_gpu: bool, cut: int, threads: int) -> Model:
+    """The scheduler's own model (with its settings: the GPU memory reserve) over ``measurements``."""
     placements = Scheduler(spec, spec.valid_cuts(), batch_size=batch_size, output_device="gpu" if on_gpu else "cpu",
-                           max_threads=max(cores, threads)).model
+                           max_threads=max(measurements.resources.cores, threads)).model
     current, why = _predict(placements, cut, threads, measurements)
     return Model(placements, measurements, current, why)
 

@@ -238,3 +238,60 @@ def test_a_batch_larger_than_the_data_is_one_line(image_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("feedline profile: error: last_batch='drop' with batch_size=1000") and "37 samples" in err
     assert "Traceback" not in err
+
+
+# ---- the conclusions, from synthetic measurements of a machine with a GPU --------------------------------------
+US = 1e-6
+# image-train's stages: (CPU s/sample, GPU s/sample, bytes out/sample); read runs only on the CPU
+COSTS = {"read": (50 * US, None, 100e3), "decode": (1200 * US, 50 * US, 360e3),
+         "random_resized_crop": (350 * US, 10 * US, 147e3), "horizontal_flip": (15 * US, 5 * US, 147e3),
+         "normalize": (120 * US, 10 * US, 588e3)}
+
+
+def synthetic(spec, *, gpu_busy: float, cut: int, threads: int = 2):
+    from feedline.loader import profile_advice as advice
+    from feedline.loader.placement.measurements import Measurements, Resources, StageCost
+    from feedline.loader.placement.monitors import GpuReading
+
+    costs = tuple(StageCost(name, cpu, gpu, out) for name, (cpu, gpu, out) in COSTS.items())
+    gpu = GpuReading(utilization=gpu_busy, memory_free_bytes=100 * 2 ** 30, memory_total_bytes=140 * 2 ** 30)
+    resources = Resources(cores=2, trainer_cpu_cores_busy=0.0, gpu=gpu, trainer_gpu_busy_fraction=gpu_busy,
+                          h2d_bytes_per_s=12e9)
+    m = advice.model_of(spec, Measurements(costs, 100e3, resources), batch_size=64, on_gpu=True, cut=cut,
+                        threads=threads)
+    rows = advice.stage_rows(spec, m, cut)
+    top = advice.bottleneck(rows, m)
+    return advice, m, rows, top
+
+
+def test_on_a_gpu_machine_the_cpu_placement_is_told_to_decode_on_the_gpu(image_dir):
+    spec = image.train(image_dir)
+    advice, m, rows, top = synthetic(spec, gpu_busy=0.0, cut=spec.all_cpu)
+    # CPU placement: 1,735 us of CPU stages over 2 threads; the float output (588 kB) crosses after them
+    cpu_s = sum(c for c, _, _ in COSTS.values()) / 2
+    assert m.current.prediction.samples_per_s == pytest.approx(1 / cpu_s)
+    copy = rows[-1]
+    assert (copy["stage"], copy["backend"]) == ("host-to-device", "pcie")
+    assert copy["ms_per_sample"] == pytest.approx(588e3 / 12e9 * 1000)
+    assert top["stage"] == "decode" and top["resource"] == "cpu"
+    assert top["share"] == pytest.approx(1200 / (1735 + 588e3 / 12e9 * 1e6))
+    # all but read on the GPU: 75 us a sample there; the encoded file (100 kB) crosses
+    gpu_s = sum(g for _, g, _ in COSTS.values() if g is not None)
+    assert gpu_s == pytest.approx(75 * US)
+    advice_now = advice.recommend(spec, m, rows, top, cut=spec.all_cpu, threads=2, wait_share=0.5, text_table=False)
+    assert advice_now["action"] == "placement" and advice_now["words"].startswith("use placement='gpu'")
+    assert advice_now["predicted_gain"] == pytest.approx(cpu_s / gpu_s)
+    table = advice.placements(spec, m, spec.all_cpu, 2, measured_samples_per_s=900.0)
+    assert {r["placement"]: r["predicted_samples_per_s"] for r in table}["gpu"] == pytest.approx(1 / gpu_s)
+    assert [r["measured_samples_per_s"] for r in table if r["current"]] == [900.0]
+
+
+def test_a_busy_gpu_leaves_the_advice_on_the_cpu_and_a_fed_trainer_needs_none(image_dir):
+    spec = image.train(image_dir)
+    advice, m, rows, top = synthetic(spec, gpu_busy=0.97, cut=spec.all_cpu)
+    table = advice.placements(spec, m, spec.all_cpu, 2, measured_samples_per_s=900.0)
+    assert all(r["predicted_samples_per_s"] is None and "97% busy" in r["why_not"] for r in table if not r["current"])
+    busy = advice.recommend(spec, m, rows, top, cut=spec.all_cpu, threads=2, wait_share=0.5, text_table=False)
+    assert busy["action"] != "placement"
+    fed = advice.recommend(spec, m, rows, top, cut=spec.all_cpu, threads=2, wait_share=0.01, text_table=False)
+    assert fed["action"] == "none" and "keeps up" in fed["words"]
