@@ -49,8 +49,8 @@ def run(parser: argparse.ArgumentParser, args) -> dict:
     batch_size = args.batch_size or (8192 if args.pipeline == "criteo" else 64)
     device = "cuda" if args.placement != "cpu" and gpu_available() else "cpu"
     out = Path(args.out)
-    out.mkdir(exist_ok=True)
     with Loader(spec, batch_size, placement=args.placement, device=device, last_batch="drop") as loader:
+        out.mkdir(exist_ok=True)  # once the arguments made a Loader: a refused run leaves no folder behind
         profile = profile_loader(loader, batches=args.batches, trainer_step_ms=args.trainer_step_ms)
     (out / "profile.json").write_text(profile.to_json())
     print(profile.table())

@@ -15,7 +15,7 @@ import torch
 from feedline.cli import main
 from feedline.datagen.criteo import make_criteo
 from feedline.loader import Loader
-from feedline.loader.devices import available_cores
+from feedline.loader.devices import available_cores, gpu_available
 from feedline.loader.profile import last_profile, profile_loader
 from feedline.loader.stats import DeliveryMeter, log_stats, loader_stats
 from feedline.pipelines import image
@@ -237,7 +237,15 @@ def test_a_batch_larger_than_the_data_is_one_line(image_dir, tmp_path, capsys):
                  "--batch-size", "1000", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("feedline profile: error: last_batch='drop' with batch_size=1000") and "37 samples" in err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(gpu_available(), reason="a GPU placement runs here")
+def test_a_gpu_placement_without_a_gpu_is_one_line(image_dir, tmp_path, capsys):
+    assert main(["profile", "--pipeline", "image-val", "--data", str(image_dir), "--placement", "gpu",
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("feedline profile: error: placement='gpu' needs a CUDA GPU") and "Traceback" not in err
 
 
 # ---- the conclusions, from synthetic measurements of a machine with a GPU --------------------------------------
