@@ -40,6 +40,7 @@ from .on_error import OnError
 from .image_sources import FileList, ImageFolder, ImageList, ImageSource, WebDataset, image_source
 from .spec import PipelineSpec
 from .stage import CPU_ONLY, PlainStage
+from .validate import int_in
 
 __all__ = ["pipeline", "train", "val", "decode", "random_resized_crop", "resize", "center_crop",
            "horizontal_flip", "vertical_flip", "color_jitter", "grayscale", "rotate", "normalize", "custom",
@@ -227,9 +228,7 @@ def val(data: str | os.PathLike | ImageSource, size: int = 224, *, resize_size: 
 
 
 def _size(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 8 <= value <= 8192:
-        raise ValueError(f"{name} must be an integer number of pixels in [8, 8192], got {value!r}")
-    return value
+    return int_in(f"{name} (pixels)", value, 8, 8192)
 
 
 __all__ += ["Dtype", "ImageType", "infer_types"]

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..stage import Backend, parse_backends
+from ..validate import int_in
 from .base import ImageStage, fixed_size
 from .checks import name as check_name
 from .checks import size_pair
@@ -64,8 +65,7 @@ class Custom(ImageStage):
         object.__setattr__(self, "name", check_name("custom", name if name.isidentifier() else "custom"))
         owner = f"custom stage {self.name!r}"
         object.__setattr__(self, "backends", parse_backends(owner, self.backends))
-        if isinstance(self.draws, bool) or not isinstance(self.draws, int) or not 0 <= self.draws <= 64:
-            raise ValueError(f"{owner}: draws must be an integer in [0, 64], got {self.draws!r}")
+        object.__setattr__(self, "draws", int_in(f"{owner}: draws", self.draws, 0, 64))
         if self.dtype is not None:
             object.__setattr__(self, "dtype", parse_dtype(owner, self.dtype))
         if self.size is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..validate import flag
 from .base import ImageStage
 from .checks import name as check_name
 from .types import DECODED, ImageType
@@ -23,8 +24,7 @@ class Decode(ImageStage):
     has_dali = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.roi, bool):
-            raise TypeError(f"decode: roi must be True or False, got {self.roi!r}")
+        object.__setattr__(self, "roi", flag("decode: roi", self.roi))
         check_name("decode", self.name)
 
     def output_type(self, image: ImageType | None) -> ImageType:

@@ -11,6 +11,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..validate import one_of
 from .base import ImageStage
 from .checks import name as check_name
 from .checks import number_range
@@ -106,8 +107,7 @@ class Rotate(ImageStage):
             object.__setattr__(self, "degrees", (-float(d), float(d)))
         else:
             object.__setattr__(self, "degrees", number_range("rotate", "degrees", d, low=None, high=None))
-        if self.interpolation not in INTERPOLATIONS:
-            raise ValueError(f"rotate: interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
+        one_of("rotate: interpolation", self.interpolation, INTERPOLATIONS)
         check_name("rotate", self.name)
 
     def output_type(self, image: ImageType) -> ImageType:
