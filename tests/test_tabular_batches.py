@@ -90,7 +90,7 @@ def cpu_buffers(runner, monkeypatch):
         tensor = torch.empty(nbytes, dtype=torch.uint8)
         return tensor, tensor.numpy()
 
-    monkeypatch.setattr(runner, "_buffer", buffer)
+    monkeypatch.setattr(runner._batch_arrays, "buffer", buffer)
 
 
 def test_for_the_gpu_one_buffer_carries_only_the_raw_columns(criteo_files, monkeypatch):

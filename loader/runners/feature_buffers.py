@@ -1,0 +1,135 @@
+"""Where a feature pipeline's CPU stages write a batch: one buffer per batch (the batch's own tensors on a CPU
+placement, reused once the trainer lets go of them; a pinned buffer that crosses to the GPU in one copy
+otherwise), laid out per batch size, this thread's scratch for whatever the buffer does not carry, and the
+outputs every batch of a size shares, made once.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import transfer
+from .buffers import BufferRing
+
+
+class BufferLayout:
+    """Where each array a batch of ``rows`` rows is written to lies in its one buffer: ``places[name]`` =
+    (offset, end, shape, dtype), 16-byte aligned; ``nbytes`` in all."""
+
+    def __init__(self, arrays: dict[str, tuple[tuple[int, ...], np.dtype]]):
+        self.places: dict[str, tuple[int, int, tuple[int, ...], np.dtype]] = {}
+        offset = 0
+        for name, (shape, dtype) in arrays.items():
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            self.places[name] = (offset, offset + nbytes, shape, np.dtype(dtype))
+            offset += transfer.aligned(nbytes)
+        self.nbytes = max(offset, transfer.ALIGN)
+
+    def views(self, buffer: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: buffer[a:b].view(d).reshape(s) for name, (a, b, s, d) in self.places.items()}
+
+
+class BatchArrays:
+    """The arrays of ``cpu_stages`` for batches of each size. ``delivered``: the arrays a batch's buffer
+    carries (with ``index`` and ``valid``); ``alias``: an input of the sparse assembly that is all of the sparse
+    values (written straight into them), or None; ``ring``: where buffers come from on a CPU placement (None:
+    pinned buffers, for a GPU)."""
+
+    def __init__(self, cpu_stages: tuple, delivered: tuple[str, ...], alias: str | None, ring: BufferRing | None):
+        self._cpu_stages = cpu_stages
+        self._delivered = delivered
+        self._alias = alias
+        self._ring = ring
+        self._layouts: dict[int, tuple[BufferLayout, dict]] = {}
+        # Outputs every batch of a size shares (the sparse lengths and offsets of one id per key and row), made
+        # once per size, as TorchRec's own loader shares them: they are never written per batch.
+        self._shared: dict[int, dict[str, np.ndarray]] = {}
+        self._device_shared: dict[int, dict[str, torch.Tensor]] = {}
+        self._scratch = threading.local()
+
+    def constants(self, rows: int) -> dict[str, np.ndarray]:
+        """The CPU stages' outputs that every batch of ``rows`` rows shares (``FeatureStage.constants``)."""
+        constants = self._shared.get(rows)
+        if constants is None:
+            constants = {}
+            for stage in self._cpu_stages:
+                constants.update(stage.constants(rows))
+            self._shared[rows] = constants
+        return constants
+
+    def on_device(self, rows: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """The shared outputs of a batch of ``rows`` rows on ``device``, copied there once."""
+        shared = self._device_shared.get(rows)
+        if shared is None:
+            shared = self._device_shared[rows] = {name: torch.from_numpy(array).to(device)
+                                                  for name, array in self.constants(rows).items()}
+        return shared
+
+    def layout(self, rows: int) -> tuple[BufferLayout, dict[str, tuple]]:
+        """The buffer layout of a batch of ``rows``, and the fixed shapes of every array the CPU stages make."""
+        if rows not in self._layouts:
+            shapes: dict[str, tuple] = {}
+            for stage in self._cpu_stages:
+                shapes.update(stage.shapes(rows))
+            constants = self.constants(rows)
+            placed = {}
+            for name in self._delivered:
+                for key in (name, f"{name}.values", f"{name}.lengths", f"{name}.offsets"):
+                    if key in shapes and key not in constants:
+                        placed[key] = shapes[key]
+            placed["index"] = ((rows,), np.dtype(np.int64))
+            placed["valid"] = ((rows,), np.dtype(np.bool_))
+            self._layouts[rows] = (BufferLayout(placed), shapes)
+        return self._layouts[rows]
+
+    def arrays(self, rows: int, buffer: np.ndarray | None) -> dict[str, np.ndarray]:
+        """The arrays the CPU stages write a batch into: views of ``buffer`` for what it carries, this thread's
+        scratch for the rest, and, where the sparse values are in the buffer and one input is all of them, that
+        input as a view of them."""
+        layout, shapes = self.layout(rows)
+        placed = layout.views(buffer) if buffer is not None else {}
+        scratch = self._scratch.__dict__
+        constants = self.constants(rows)
+        arrays = {"constant": bool(constants)}
+        for name, (shape, dtype) in shapes.items():
+            if name in constants:
+                arrays[name] = constants[name]
+                continue
+            if name in placed:
+                arrays[name] = placed[name]
+                continue
+            key = (name, shape, dtype)
+            if key not in scratch:
+                scratch[key] = np.empty(shape, dtype=dtype)
+            arrays[name] = scratch[key]
+        alias = self._alias
+        if alias is not None and alias in arrays and "sparse.values" in placed:
+            arrays[alias] = placed["sparse.values"].reshape(arrays[alias].shape)
+            arrays["sparse.aliased"] = alias  # what AssembleSparse then finds written already
+        arrays["index"], arrays["valid"] = placed.get("index"), placed.get("valid")
+        return arrays
+
+    def buffer(self, nbytes: int) -> tuple[Any, np.ndarray]:
+        """A batch's buffer: (torch tensor, NumPy view): from the ring on the CPU, pinned for a GPU."""
+        if self._ring is not None:
+            tensor = self._ring.empty((nbytes,), torch.uint8)
+        else:
+            tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        return tensor, tensor.numpy()
+
+    def pack(self, moving: dict) -> tuple[torch.Tensor, tuple]:
+        """``moving`` copied into a buffer of its own. The tensor handed on is the one the buffer was allocated
+        as: a copy from pinned memory records its stream on that tensor, which keeps the memory from being
+        handed out again while the copy runs."""
+        allocated = []
+
+        def allocate(nbytes: int) -> np.ndarray:
+            tensor, view = self.buffer(nbytes)
+            allocated.append(tensor)
+            return view
+
+        _, layout = transfer.pack(moving, allocate)
+        return allocated[0], layout

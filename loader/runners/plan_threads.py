@@ -1,0 +1,120 @@
+"""Worker threads that make batch plans' host parts ahead of the thread that delivers them.
+
+Up to ``depth`` plans are in flight: each thread finds its next plan queued when it finishes one, so it need
+not be woken (a wake-up is a system call made holding the GIL, and costly on virtual machines); the batch
+thread is woken only for the plan it waits for (``_Doorbell``).
+"""
+from __future__ import annotations
+
+import os
+import select
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any, Callable, Iterator
+
+from ..sampler import BatchPlan
+
+THREAD_PREFIX = "feedline-features"
+
+
+def may_join() -> bool:
+    """Whether this thread may wait for a pool's workers. A stream dropped in a reference cycle is closed by
+    the garbage collector on whatever thread runs it: one of the pool's own (which cannot join itself), or a
+    thread still starting inside the threading module (seen as a dummy thread; joining there deadlocks on
+    the module's own lock). Those leave the workers to finish on their own."""
+    current = threading.current_thread()
+    return not isinstance(current, threading._DummyThread) and not current.name.startswith(THREAD_PREFIX)
+
+
+class _Doorbell:
+    """How a worker tells the batch thread that the batch it waits for is done: a byte through a pipe, and only
+    while it waits for that very batch (``watch``), so that batches finished ahead of time wake nobody.
+    Writing and waiting are system calls made without the GIL, where a ``Condition`` (a ``Future``'s
+    ``result()``) wakes the waiting thread from inside a call that holds it: on a virtual machine, where waking a
+    thread on another core is slow, the GIL then stays held for the whole wake-up, once per batch. A ring that
+    finds the pipe full is not needed: a wake-up is already pending."""
+
+    def __init__(self):
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._closed = False
+        self._watched = None
+
+    def ring(self, future=None) -> None:
+        if future is not None and future is not self._watched:
+            return
+        try:
+            os.write(self._write, b"\0")
+        except (BlockingIOError, OSError):  # full (a wake-up is pending), or closed with the stream
+            pass
+
+    def wait_for(self, future) -> None:
+        """Until ``future`` is done (its callback rings the bell once it is watched; a ring may be spurious)."""
+        self._watched = future  # set before looking: a worker finishing now then sees it and rings
+        while not future.done():
+            select.select([self._read], [], [])
+            os.read(self._read, 4096)
+        self._watched = None
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            os.close(self._read)
+            os.close(self._write)
+
+
+class PlanThreads:
+    """``num_threads`` worker threads running ``work(plan)`` for up to ``depth`` plans ahead."""
+
+    def __init__(self, num_threads: int, depth: int):
+        self.num_threads = num_threads
+        self.depth = depth
+        self._pool: ThreadPoolExecutor | None = None
+
+    def run(self, plans: Iterator[BatchPlan], work: Callable[[BatchPlan], Any]) -> Iterator[tuple[BatchPlan, Any]]:
+        """``(plan, work(plan))`` in plan order; an error in ``work`` is raised here, noting the plan's rows.
+        Closing the generator cancels the plans not started."""
+        pool = self._pool or ThreadPoolExecutor(self.num_threads, thread_name_prefix=THREAD_PREFIX)
+        pending: deque = deque()
+        done = _Doorbell()
+        try:
+            while True:
+                while len(pending) < self.depth:
+                    plan = next(plans, None)
+                    if plan is None:
+                        break
+                    future = pool.submit(work, plan)
+                    future.add_done_callback(done.ring)
+                    pending.append((plan, future))
+                if not pending:
+                    return
+                plan, future = pending.popleft()
+                done.wait_for(future)
+                try:
+                    made = future.result()
+                except BaseException as e:
+                    if hasattr(e, "add_note"):
+                        rows = plan.indices
+                        e.add_note(f"raised in a feedline feature worker thread preparing a batch of {rows.size} "
+                                   f"rows (first {rows[:4].tolist()})")
+                    raise
+                yield plan, made
+        finally:
+            for _, future in pending:
+                future.cancel()
+            if pool is not self._pool:
+                pool.shutdown(wait=may_join(), cancel_futures=True)
+            elif may_join():  # kept threads: the work already running ends with the stream
+                wait([future for _, future in pending])
+            done.close()
+
+    def keep(self) -> None:
+        """Keep the threads from one ``run`` to the next, until ``close``."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix=THREAD_PREFIX)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=may_join(), cancel_futures=True)
+            self._pool = None
