@@ -179,11 +179,6 @@ class ImageFiles:
         lengths = lengths[lengths > 0]
         return float(lengths.mean()) if lengths.size else 0.0
 
-    def decoded_bytes(self) -> float:
-        """Mean uint8 RGB bytes of the images whose headers were read so far (0 before any)."""
-        known = self._sizes[self._sizes[:, 0] > 0]
-        return float(known.prod(axis=1).mean() * 3) if known.size else 0.0
-
 
 def open_folder(source: ImageFolder) -> ImageFiles:
     return _from_folder(Path(source.root))

@@ -162,13 +162,6 @@ def check_complete(data: np.ndarray, header: Header, path: str) -> None:
             raise DataError(path, f"corrupt image header: {exc or type(exc).__name__}") from None
 
 
-def displayed_size(data: np.ndarray, path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
-    """(width, height) as decoded and oriented, of a whole file's bytes."""
-    header = read_header(data.tobytes(), path, max_pixels, whole=True)
-    check_complete(data, header, path)
-    return header.width, header.height
-
-
 def _jpeg_scan_start(raw: bytes) -> int | None:
     """Where the entropy-coded data of the first scan starts, or None if the file ends before it."""
     pos = 2  # after SOI
