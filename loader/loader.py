@@ -25,6 +25,7 @@ from .sampler import STATE_VERSION, EpochSampler, LastBatch, parse_last_batch
 from .saved_state import check_resumable, configuration
 from .sources import ChunkedTable, open_source
 from .sources.image_headers import DEFAULT_MAX_PIXELS
+from .stats import DeliveryMeter
 from .stream_order import StreamOrder
 
 log = logging.getLogger("feedline")
@@ -76,6 +77,7 @@ class Loader:
         self._earlier_skips: list[Skipped] = []  # listed by runners this Loader has since replaced
         self.cursor = Cursor()
         self.epoch_summaries: dict[int, dict[str, int]] = {}
+        self.meter = DeliveryMeter()  # what the trainer got and waited for over its last batches (``stats``)
         self._stream: BackgroundStream | None = None
         self._stream_at: tuple[int, int] | None = None  # (epoch, sample) of the next batch the stream makes
         self._iterations = Iterations()
@@ -182,6 +184,7 @@ class Loader:
             if batch is not None:
                 samples += valid
                 padding += len(batch["index"]) - valid
+                self.meter.delivered(valid)
                 self.placer.delivered(len(batch["index"]))  # a new placement makes the batches after this one
                 yield batch
                 self._iterations.check(token, epoch)
@@ -196,7 +199,7 @@ class Loader:
         self._process.check()
         while True:
             try:
-                with self.placer.waiting():
+                with self.meter.waiting(), self.placer.waiting():
                     return next(self._stream)
             except Exception as exc:
                 if not self.placer.fall_back(exc):

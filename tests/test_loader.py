@@ -249,3 +249,13 @@ def test_profile_and_stats_are_asked_of_the_loader(image_dir):
     assert set(stats["stages"]) == {s.name for s in loader.pipeline.stages}
     assert first == list(range(8))
     loader.close()
+
+
+def test_stats_count_what_the_trainer_was_given(image_dir):
+    loader = Loader(image.val(image_dir, size=32), batch_size=8, placement="cpu", last_batch="pad")
+    assert loader.stats()["delivered_samples_per_s"] is None  # nothing delivered yet
+    batches = list(loader)
+    stats = loader.stats()
+    assert stats["batches"] == len(batches) == 5  # 37 images
+    assert stats["delivered_samples_per_s"] > 0 and 0.0 <= stats["trainer_wait_share"] <= 1.0
+    loader.close()
