@@ -9,7 +9,6 @@ batches already made); every placement's throughput as the scheduler predicts it
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import weakref
@@ -70,7 +69,7 @@ def profile_loader(loader, *, batches: int = 40, trainer_step_ms: float | str | 
     spec = loader.pipeline
     config = loader.config
     cut, threads = loader.cut, loader.num_threads
-    costs = profile_stages(spec, config, _runners(loader), _plans_on_their_own(_orders(loader)),
+    costs = profile_stages(spec, config, _runners(loader), _orders(loader),
                            gpu=getattr(loader.device, "type", "cpu") == "cuda", batches=PROFILE_BATCHES)
     model = advice.model(spec, costs, batch_size=loader.batch_size, device=loader.device, cut=cut, threads=threads)
     rows = advice.stage_rows(spec, model, cut)
@@ -137,23 +136,6 @@ def _runners(loader):
 def _orders(loader):
     """The Loader's source order for profiling, apart from its epochs."""
     return getattr(loader, "probe_order", None) or getattr(loader, "_probe_order")
-
-
-def _plans_on_their_own(orders):
-    """``orders`` whose plans each stand on their own (no epoch size on the rank): the image runner pads a rank's
-    epoch out to its planned size when its plans stop early, and the profiler's few plans stop early, so its
-    padding batches would count as samples made (1,936 for 192 made: image-train, 2,000 images, batch 64)."""
-    def order(batch_size: int, seed: int):
-        return _OnTheirOwn(orders(batch_size, seed))
-    return order
-
-
-class _OnTheirOwn:
-    def __init__(self, order):
-        self._order = order
-
-    def epoch(self, epoch: int, **kwargs):
-        return [dataclasses.replace(plan, shard=None) for plan in self._order.epoch(epoch, **kwargs)]
 
 
 def _finite(value):

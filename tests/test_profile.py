@@ -303,3 +303,12 @@ def test_a_busy_gpu_leaves_the_advice_on_the_cpu_and_a_fed_trainer_needs_none(im
     assert busy["action"] != "placement"
     fed = advice.recommend(spec, m, rows, top, cut=spec.all_cpu, threads=2, wait_share=0.01, text_table=False)
     assert fed["action"] == "none" and "keeps up" in fed["words"]
+
+
+def test_auto_placement_profiles_only_the_samples_it_makes(image_dir):
+    """The stage profiler's plans stop inside an epoch: its costs are per sample made, not per padding slot of the
+    rest of the epoch (which the image runner adds when a rank's plans stop early)."""
+    spec = image.val(image_dir, size=32)
+    with Loader(spec, 8, placement="auto") as loader:
+        next(iter(loader))
+        assert loader.plan["profile_samples"] == 3 * 8  # 3 batches after a warm-up one, of 37 images

@@ -40,7 +40,10 @@ def first_plans(orders: OrderFactory, batch_size: int, batches: int) -> list[Bat
     buffer-full's chunks, not rows from all over the files). A dataset smaller than ``batches`` batches is
     gone through again, epoch after epoch, so that even one sample gives ``batches`` plans."""
     order = orders(batch_size, PROBE_SEED)
-    return list(itertools.islice((plan for epoch in itertools.count() for plan in order.epoch(epoch)), batches))
+    plans = itertools.islice((plan for epoch in itertools.count() for plan in order.epoch(epoch)), batches)
+    # each plan on its own (no epoch size on the rank): given a rank's plans that stop inside its epoch, the image
+    # runner pads the epoch out to its planned size, and the padding would count as samples made
+    return [dataclasses.replace(plan, shard=None) for plan in plans]
 
 
 def profile(spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, orders: OrderFactory, *,
