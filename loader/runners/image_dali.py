@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from collections import deque
 
-import torch
-
 from ..devices import is_gpu_failure
 from ..errors import OnError
 from ..sources.image_files import ImageFiles
