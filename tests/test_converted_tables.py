@@ -237,15 +237,16 @@ def test_gather_refuses_rows_outside_the_table(tables):
 def test_an_evicted_chunk_is_read_over_only_once_nothing_holds_it(tables):
     _, _, conv = tables
     source = open_source(conv.source)
-    source.cache_rows = columnar.CHUNK_ROWS  # one chunk at a time
-    held = source._chunk(0)  # a gather still at work on chunk 0
+    cache = source._cache
+    cache.limit_rows = columnar.CHUNK_ROWS  # one chunk at a time
+    held = cache.get(0)  # a gather still at work on chunk 0
     before, first = held.block.data.copy(), id(held.block.data)
-    source._chunk(1)  # chunk 0 is evicted; its buffer retired, but still held
-    source._chunk(0)  # read again, not into the held buffer
-    assert id(source._cache[0].block.data) != first and np.array_equal(held.block.data, before)
+    cache.get(1)  # chunk 0 is evicted; its buffer retired, but still held
+    cache.get(0)  # read again, not into the held buffer
+    assert id(cache.cached(0).block.data) != first and np.array_equal(held.block.data, before)
     del held
-    source._chunk(1)  # now the retired buffer is free: chunk 1 is read into it
-    assert id(source._cache[1].block.data) == first
+    cache.get(1)  # now the retired buffer is free: chunk 1 is read into it
+    assert id(cache.cached(1).block.data) == first
     rows = source.read(np.arange(columnar.CHUNK_ROWS, 2 * columnar.CHUNK_ROWS))
     names, values, missing = records_by_hand(tables[0] / "conv")
     j = names.index("C3")

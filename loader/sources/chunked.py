@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import glob
 import os
-import sys
 import threading
 import weakref
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -29,11 +27,10 @@ from ...pipelines.on_error import OnError
 from ...pipelines.own_files import is_own_file
 from ...pipelines.tabular import Column, ColumnKind, TabularFiles
 from ..errors import Skipped
-from .table_rows import ListColumn, MissingFileError, RowError, ScalarColumn, bad_row, check_rows
-
+from .chunk_cache import ChunkCache, PackedChunk
+from .table_rows import ListColumn, MissingFileError, RowError, Rows, ScalarColumn, bad_row, check_rows
 
 CHUNKS_BEYOND = 4  # chunks kept besides the cache's rows: those straddling the edges of what is being read
-SPARE_BUFFERS = 4  # evicted chunks' buffers kept for reading the next chunks into
 
 
 @dataclass
@@ -65,22 +62,6 @@ class RowsChunk(NamedTuple):
     ints: np.ndarray | None = None
     missing: np.ndarray | None = None
     floats: np.ndarray | None = None
-
-
-class _Packed(NamedTuple):
-    """A cached chunk: its scalar columns as one block (integer columns, then float columns, each in declared
-    order), its list columns, and its bad rows."""
-
-    block: ops.ColumnBlock
-    lists: dict          # name -> ListColumn
-    bad: np.ndarray
-    reasons: dict
-    any_bad: bool
-
-
-class Rows(NamedTuple):
-    columns: dict   # name -> ScalarColumn | ListColumn, one row per requested row
-    bad: np.ndarray  # bool per requested row: a bad row skipped in its place
 
 
 class Gathered(NamedTuple):
@@ -122,13 +103,6 @@ def expand(paths: tuple[str, ...]) -> list[str]:
     return out
 
 
-@dataclass
-class _Loading:
-    done: threading.Event = field(default_factory=threading.Event)
-    chunk: "_Packed | None" = None
-    error: BaseException | None = None
-
-
 class ChunkedTable:
     """An opened tabular source: ``num_rows`` rows over ``paths``, read by chunk through ``read(rows)``. Keeps
     at most ``cache_rows`` rows of parsed chunks, plus ``CHUNKS_BEYOND`` of the largest chunks."""
@@ -165,10 +139,8 @@ class ChunkedTable:
         self._ints = [c.name for c in self.columns if c.name not in self._floats and c.name not in self._lists]
         self._block_column = {name: j for j, name in enumerate(self._ints + self._floats)}
         self._picks: dict[tuple, np.ndarray] = {}
-        self._cache: OrderedDict[int, _Packed] = OrderedDict()
-        self._retired: list[np.ndarray] = []  # buffers of evicted chunks, read into again once nobody holds them
-        self._cached_rows = 0
-        self._loading: dict[int, _Loading] = {}
+        self._cache = ChunkCache(self._load, self.chunk_rows, self.cache_rows,
+                                 reads_into=hasattr(reader, "load_block"))
         self._lock = threading.Lock()
         self._met_bad: set[int] = set()
         self._prepared: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -189,75 +161,26 @@ class ChunkedTable:
         return f"{self.paths[f]}:{line}"
 
     # ---- reading ----------------------------------------------------------------------------------
-    def _load_missing(self, chunks: list[int]) -> None:
-        """Parse, one at a time, the chunks of ``chunks`` that nobody has yet or is parsing: threads reading
-        the same chunks (plans of one shuffle buffer-full) then share the parsing instead of waiting for each
-        other's."""
-        for c in chunks:
-            with self._lock:
-                if c in self._cache or c in self._loading:
-                    continue
-            self._chunk(c)
-
-    def _chunk(self, c: int) -> _Packed:
-        with self._lock:
-            chunk = self._cache.get(c)
-            if chunk is not None:
-                self._cache.move_to_end(c)
-                return chunk
-            loading = self._loading.get(c)
-            mine = loading is None
-            if mine:
-                loading = self._loading[c] = _Loading()
-        if not mine:
-            loading.done.wait()
-            if loading.error is not None:
-                raise loading.error
-            return loading.chunk
-        try:
-            loading.chunk = self._load(c)
-        except BaseException as exc:
-            loading.error = exc
-            raise
-        finally:
-            with self._lock:
-                del self._loading[c]
-                if loading.chunk is not None:
-                    self._cache[c] = loading.chunk
-                    self._cached_rows += int(self.chunk_rows[c])
-                    while self._cached_rows > self.cache_rows and len(self._cache) > 1:
-                        old, dropped = self._cache.popitem(last=False)
-                        self._cached_rows -= int(self.chunk_rows[old])
-                        if hasattr(self.reader, "load_block"):  # a buffer read into, not a parser's arrays
-                            self._retired.append(dropped.block.data)
-                            del self._retired[:-SPARE_BUFFERS]
-            loading.done.set()
-        return loading.chunk
-
-    def _load(self, c: int) -> _Packed:
+    def _load(self, c: int) -> PackedChunk:
         """Chunk ``c`` read and parsed (not cached)."""
         f = int(self.file_of[c])
         if hasattr(self.reader, "load_block"):
-            block = self.reader.load_block(self.paths[f], self.indexes[f], int(self.chunk_local[c]), self._spare)
-            return _Packed(block, {}, np.zeros(block.rows, dtype=bool), {}, False)
+            block = self.reader.load_block(self.paths[f], self.indexes[f], int(self.chunk_local[c]), self._cache.spare)
+            return PackedChunk(block, {}, np.zeros(block.rows, dtype=bool), {}, False)
         return self._pack(self.reader.load(self.paths[f], self.indexes[f], int(self.chunk_local[c])))
 
-    def load_raw(self, c: int) -> tuple[_Packed, bool]:
+    def load_raw(self, c: int) -> tuple[PackedChunk, bool]:
         """Chunk ``c`` as ``gather`` reads it, and whether the caller owns it: the cached chunk if there is one
         (not owned), else one read for the caller alone, which nothing caches (hand it to ``release_raw`` when
         done, so that its buffer is read into again)."""
-        with self._lock:
-            chunk = self._cache.get(c)
+        chunk = self._cache.cached(c)
         if chunk is not None:
             return chunk, False
         return self._load(c), True
 
-    def release_raw(self, chunk: _Packed) -> None:
+    def release_raw(self, chunk: PackedChunk) -> None:
         """An owned chunk of ``load_raw`` that nothing reads any more: its buffer is read into again."""
-        if hasattr(self.reader, "load_block") and chunk.block.data.base is None:  # a buffer read into
-            with self._lock:
-                self._retired.append(chunk.block.data)
-                del self._retired[:-SPARE_BUFFERS]
+        self._cache.release(chunk)
 
     def picks(self, label: str | None, dense: tuple[str, ...], categorical: tuple[str, ...]) -> np.ndarray:
         """``ops.gather_columns``' picks of the named columns of a chunk's block."""
@@ -268,7 +191,7 @@ class ChunkedTable:
                 None if label is None else where[label], [where[k] for k in dense], [where[k] for k in categorical])
         return picks
 
-    def gather_chunk(self, chunk: _Packed, start: int, stop: int, *, label: str | None, dense: tuple[str, ...],
+    def gather_chunk(self, chunk: PackedChunk, start: int, stop: int, *, label: str | None, dense: tuple[str, ...],
                      categorical: tuple[str, ...], missing_id: int, label_out: np.ndarray | None = None,
                      dense_out: np.ndarray | None = None, ids_out: np.ndarray | None = None) -> None:
         """Rows ``start..stop`` of a chunk of ``load_raw``, in order, written as ``gather`` writes rows."""
@@ -288,17 +211,7 @@ class ChunkedTable:
                 self._prepared[key] = rows
         return rows
 
-    def _spare(self, nbytes: int) -> np.ndarray | None:
-        """A retired buffer of ``nbytes`` that nothing refers to any more (a gather still running on its chunk
-        holds it), taken out of the list; else None."""
-        with self._lock:
-            for k in range(len(self._retired)):  # no loop variable: it would hold one more reference
-                # References when free: the list's and getrefcount's argument.
-                if self._retired[k].nbytes == nbytes and sys.getrefcount(self._retired[k]) <= 2:
-                    return self._retired.pop(k)
-        return None
-
-    def _pack(self, chunk: RowsChunk) -> _Packed:
+    def _pack(self, chunk: RowsChunk) -> PackedChunk:
         n = chunk.bad.size
         cols = chunk.columns
         if chunk.ints is not None:
@@ -311,7 +224,7 @@ class ChunkedTable:
         ints = np.zeros((n, 0), np.int64) if ints is None else np.ascontiguousarray(ints, dtype=np.int64)
         floats = np.zeros((n, 0), np.float64) if floats is None else np.ascontiguousarray(floats, dtype=np.float64)
         block = ops.ColumnBlock.row_major(ints, np.ascontiguousarray(missing, dtype=bool), floats)
-        return _Packed(block, {k: cols[k] for k in self._lists}, chunk.bad, chunk.reasons, bool(chunk.bad.any()))
+        return PackedChunk(block, {k: cols[k] for k in self._lists}, chunk.bad, chunk.reasons, bool(chunk.bad.any()))
 
     def _groups(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``rows`` by chunk (``ops.group_by_chunk``), with the chunks nobody holds yet parsed first; threads
@@ -319,7 +232,7 @@ class ChunkedTable:
         chunks, bounds, local, positions = ops.group_by_chunk(rows, self.first_row, self.num_rows)
         needed = chunks.tolist()
         start = threading.get_ident() % max(len(needed), 1)
-        self._load_missing(needed[start:] + needed[:start])
+        self._cache.load_missing(needed[start:] + needed[:start])
         return chunks, bounds, local, positions
 
     def read(self, rows: np.ndarray) -> Rows:
@@ -333,10 +246,10 @@ class ChunkedTable:
         int_columns = np.arange(len(self._ints), dtype=np.int64)
         float_columns = np.arange(len(self._ints), len(self._ints) + len(self._floats), dtype=np.int64)
         lists = {k: [] for k in self._lists}
-        bads: list[tuple[int, _Packed, int]] = []
+        bads: list[tuple[int, PackedChunk, int]] = []
         chunks, bounds, local, positions = self._groups(rows)
         for g, c in enumerate(chunks.tolist()):  # the requested rows that one chunk holds
-            chunk = self._chunk(c)
+            chunk = self._cache.get(c)
             here, at = local[bounds[g]:bounds[g + 1]], positions[bounds[g]:bounds[g + 1]]
             ints[at], floats[at], missing[at] = ops.gather_raw(chunk.block, int_columns, float_columns, here)
             if chunk.any_bad:
@@ -369,11 +282,11 @@ class ChunkedTable:
         rows = np.ascontiguousarray(rows)
         picks = self.picks(label, dense, categorical)
         bad = np.zeros(rows.size, dtype=bool)
-        bads: list[tuple[int, _Packed, int]] = []
+        bads: list[tuple[int, PackedChunk, int]] = []
         parts: dict[str, list] = {k: [] for k in lists}
         chunks, bounds, local, positions = self._groups(rows)
         for g, c in enumerate(chunks.tolist()):
-            chunk = self._chunk(c)
+            chunk = self._cache.get(c)
             here, at = local[bounds[g]:bounds[g + 1]], positions[bounds[g]:bounds[g + 1]]
             ops.gather_columns(chunk.block, picks, here, at, missing_id=missing_id, label=label_out,
                                dense=dense_out, ids=ids_out)
@@ -390,11 +303,11 @@ class ChunkedTable:
         self._note_bads(rows, bads)
         return Gathered(bad, out)
 
-    def _note_bads(self, rows: np.ndarray, bads: list[tuple[int, _Packed, int]]) -> None:
+    def _note_bads(self, rows: np.ndarray, bads: list[tuple[int, PackedChunk, int]]) -> None:
         for k, chunk, c in sorted(bads, key=lambda bad: bad[0]):  # in the order the rows were asked for
-            self._note_bad(int(rows[k]), chunk, c)
+            self.note_bad(int(rows[k]), chunk, c)
 
-    def _note_bad(self, row: int, chunk: _Packed, c: int) -> None:
+    def note_bad(self, row: int, chunk: PackedChunk, c: int) -> None:
         """Raise for a bad row, or list it (once)."""
         with self._lock:
             if row in self._met_bad:
@@ -405,9 +318,6 @@ class ChunkedTable:
         local = row - int(self.first_row[c])
         line = int(self.indexes[f].lines[self.chunk_local[c]]) + local
         bad_row(self.on_error, self.skipped, self.paths[f], line, chunk.reasons[local])
-
-    def chunks_in_memory(self) -> int:
-        return len(self._cache)
 
 
 def _size(path: str) -> int:

@@ -36,10 +36,6 @@ DATA = "records.bin"
 _NARROW = tuple(np.dtype(t) for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.int64))
 
 
-def is_columnar(path: str | os.PathLike) -> bool:
-    return os.path.isfile(os.path.join(path, META))
-
-
 def narrowest(low: int, high: int) -> np.dtype:
     for dtype in _NARROW:
         info = np.iinfo(dtype)

@@ -79,9 +79,6 @@ class PreparedRows:
         self._uncharged = np.zeros(chunks, dtype=np.int64)  # rows no profile has been charged for yet
         self.prepared_chunks = 0  # chunks prepared so far (a chunk read again counts again)
 
-    def chunks_in_memory(self) -> int:
-        return len(self._held)
-
     def gather(self, rows: np.ndarray, *, label=None, dense=None, ids=None, more=None,
                charge: bool = False) -> PreparedGather:
         """Rows ``rows`` (global numbers, any order) written into the batch's arrays, position ``i`` for
@@ -227,4 +224,4 @@ class PreparedRows:
             bad[at[here]] = True
             noted += [(int(k), held, c) for k in at[here].tolist()]
         for k, held, c in sorted(noted, key=lambda item: item[0]):
-            self.table._note_bad(int(rows[k]), held, c)
+            self.table.note_bad(int(rows[k]), held, c)

@@ -46,12 +46,24 @@ class ListColumn(NamedTuple):
     values: np.ndarray   # int64; a missing list is empty
 
 
+class Rows(NamedTuple):
+    columns: dict   # name -> ScalarColumn | ListColumn, one row per requested row
+    bad: np.ndarray  # bool per requested row: a bad row, its values zeros and missing (``OnError.SKIP``)
+
+
 class TabularReader(Protocol):
+    """An opened table. Its rows are checked as they are read: ``read`` raises ``RowError`` for a bad row, or
+    (``OnError.SKIP``) marks it in ``Rows.bad`` and lists it in ``skipped`` the first time it is met."""
+
     num_rows: int
     skipped: list[Skipped]
 
-    def read(self, rows: np.ndarray) -> dict[str, ScalarColumn | ListColumn]:
+    def read(self, rows: np.ndarray) -> Rows:
         """The given rows (0-based over all files, any order, repeats allowed), every declared column."""
+        ...
+
+    def where(self, row: int) -> str:
+        """``file:line`` of a row (Parquet: ``file:row``)."""
         ...
 
 

@@ -1,0 +1,126 @@
+"""The chunks of a streamed table kept in memory: each read once however many threads ask for it at the same
+time, the least lately used dropped past ``limit_rows`` rows, and the buffers of dropped chunks read into
+again once nothing refers to them.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from ... import ops
+
+SPARE_BUFFERS = 4  # evicted chunks' buffers kept for reading the next chunks into
+
+
+class PackedChunk(NamedTuple):
+    """A cached chunk: its scalar columns as one block (integer columns, then float columns, each in declared
+    order), its list columns, and its bad rows."""
+
+    block: ops.ColumnBlock
+    lists: dict          # name -> ListColumn
+    bad: np.ndarray
+    reasons: dict
+    any_bad: bool
+
+
+@dataclass
+class _Loading:
+    done: threading.Event = field(default_factory=threading.Event)
+    chunk: PackedChunk | None = None
+    error: BaseException | None = None
+
+
+class ChunkCache:
+    """Chunks by number, read by ``load(c)`` (not cached by it), ``chunk_rows[c]`` rows each. ``reads_into``: the
+    chunks are buffers read into (``load`` takes them from ``spare``), not a parser's arrays."""
+
+    def __init__(self, load: Callable[[int], PackedChunk], chunk_rows: np.ndarray, limit_rows: int, *,
+                 reads_into: bool):
+        self._read = load
+        self._chunk_rows = chunk_rows
+        self.limit_rows = limit_rows
+        self._reads_into = reads_into
+        self._cache: OrderedDict[int, PackedChunk] = OrderedDict()
+        self._retired: list[np.ndarray] = []  # buffers of evicted chunks, read into again once nobody holds them
+        self._cached_rows = 0
+        self._loading: dict[int, _Loading] = {}
+        self._lock = threading.Lock()
+
+    def load_missing(self, chunks: list[int]) -> None:
+        """Read, one at a time, the chunks of ``chunks`` that nobody has yet or is reading: threads reading the
+        same chunks (plans of one shuffle buffer-full) then share the parsing instead of waiting for each
+        other's."""
+        for c in chunks:
+            with self._lock:
+                if c in self._cache or c in self._loading:
+                    continue
+            self.get(c)
+
+    def get(self, c: int) -> PackedChunk:
+        """Chunk ``c``, from the cache, or read (once, by the first thread asking) and cached."""
+        with self._lock:
+            chunk = self._cache.get(c)
+            if chunk is not None:
+                self._cache.move_to_end(c)
+                return chunk
+            loading = self._loading.get(c)
+            mine = loading is None
+            if mine:
+                loading = self._loading[c] = _Loading()
+        if not mine:
+            loading.done.wait()
+            if loading.error is not None:
+                raise loading.error
+            return loading.chunk
+        try:
+            loading.chunk = self._read(c)
+        except BaseException as exc:
+            loading.error = exc
+            raise
+        finally:
+            with self._lock:
+                del self._loading[c]
+                if loading.chunk is not None:
+                    self._cache[c] = loading.chunk
+                    self._cached_rows += int(self._chunk_rows[c])
+                    while self._cached_rows > self.limit_rows and len(self._cache) > 1:
+                        old, dropped = self._cache.popitem(last=False)
+                        self._cached_rows -= int(self._chunk_rows[old])
+                        if self._reads_into:
+                            self._retire(dropped.block.data)
+            loading.done.set()
+        return loading.chunk
+
+    def __iter__(self):
+        """The numbers of the chunks cached now, the least lately used first."""
+        with self._lock:
+            return iter(list(self._cache))
+
+    def cached(self, c: int) -> PackedChunk | None:
+        with self._lock:
+            return self._cache.get(c)
+
+    def release(self, chunk: PackedChunk) -> None:
+        """A chunk read outside the cache that nothing reads any more: its buffer is read into again."""
+        if self._reads_into and chunk.block.data.base is None:  # a buffer read into
+            with self._lock:
+                self._retire(chunk.block.data)
+
+    def _retire(self, buffer: np.ndarray) -> None:
+        self._retired.append(buffer)
+        del self._retired[:-SPARE_BUFFERS]
+
+    def spare(self, nbytes: int) -> np.ndarray | None:
+        """A retired buffer of ``nbytes`` that nothing refers to any more (a gather still running on its chunk
+        holds it), taken out of the list; else None."""
+        with self._lock:
+            for k in range(len(self._retired)):  # no loop variable: it would hold one more reference
+                # References when free: the list's and getrefcount's argument.
+                if self._retired[k].nbytes == nbytes and sys.getrefcount(self._retired[k]) <= 2:
+                    return self._retired.pop(k)
+        return None
