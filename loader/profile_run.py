@@ -113,6 +113,9 @@ def measure(loader, *, batches: int, trainer_step_ms: float | str | None = None,
     sync = _sync(loader)
     state = loader.state_dict()
     summaries = dict(loader.epoch_summaries)
+    # a loaded state pins where the next iteration starts; one broken out of moves on to the next epoch instead
+    cursor = getattr(loader, "cursor", None)
+    pinned = getattr(cursor, "pinned", None)
     stream = endless(lambda: loader)
     try:
         for _ in range(1 + loader.prefetch):  # the first iteration places the pipeline (auto) and warms it up
@@ -131,6 +134,8 @@ def measure(loader, *, batches: int, trainer_step_ms: float | str | None = None,
     finally:
         stream.close()
         loader.load_state_dict(state)
+        if pinned is not None:
+            loader.cursor.pinned = pinned
         loader.epoch_summaries.clear()
         loader.epoch_summaries.update(summaries)
     headroom = timed(_replay(held), batches, step, sync) if held else None

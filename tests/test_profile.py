@@ -94,10 +94,15 @@ def test_a_planted_image_stage_is_the_bottleneck_with_its_cost(planted_images):
     assert data["bottleneck"]["stage"] == "planted" and len(data["stages"]) == 5
 
 
-def test_a_planted_table_column_is_the_bottleneck_with_its_cost(tmp_path):
-    path = tmp_path / "day.tsv"
+@pytest.fixture(scope="module")
+def small_table(tmp_path_factory):
+    path = tmp_path_factory.mktemp("profile") / "day.tsv"
     make_criteo(path, rows=3000, seed=0)
-    spec = criteo(str(path))
+    return str(path)
+
+
+def test_a_planted_table_column_is_the_bottleneck_with_its_cost(small_table):
+    spec = criteo(small_table)
     spec = dataclasses.replace(spec, stages=spec.stages + (SlowColumn(("dense",), ("dense",)),))
     with Loader(spec, 256, placement="cpu", num_threads=1) as loader:
         profile = profile_loader(loader, batches=3)
@@ -109,6 +114,25 @@ def test_a_planted_table_column_is_the_bottleneck_with_its_cost(tmp_path):
         assert advice["words"] == f"use num_threads={cores}" and advice["predicted_gain"] == pytest.approx(cores)
     assert profile.measured["delivered_samples_per_s"] is None and profile.headroom_samples_per_s is None
     assert "needs a trainer step" in profile.table()
+
+
+def test_a_profile_mid_training_gives_the_loader_back_and_runs_the_trainers_step(small_table):
+    """Broken out of after 2 batches, profiled with the trainer's own step, the Loader then gives what an untouched
+    one gives after the same break; the step ran on every batch the profile took with a trainer, and on the
+    replayed ones."""
+    firsts = []
+    for profiled in (False, True):
+        with Loader(criteo(small_table), 256, placement="cpu", seed=5) as loader:
+            for k, _ in enumerate(loader):
+                if k == 1:
+                    break
+            steps = []
+            if profiled:
+                profile = profile_loader(loader, batches=3, train_step=lambda batch: steps.append(batch))
+                assert len(steps) == loader.prefetch + 3 + 3  # the queue refilled, timed, replayed
+                assert profile.measured["trainer_step_ms"] is not None and profile.headroom_samples_per_s > 0
+            firsts.append(next(iter(loader))["index"])
+    assert torch.equal(*firsts)
 
 
 def test_profile_arguments_are_checked(planted_images):
