@@ -6,6 +6,7 @@ kernel (hashing, ``hash_columns``, ``normalize_columns``, ``gather_columns``, ``
 first use, and fall back to NumPy without numba: importing this package needs no numba either.
 """
 
+from ._checks import MAX_NUM_BUCKETS, MAX_SEED
 from .bucketize import bucketize
 from .cross import cross
 from .gather_columns import ColumnBlock, gather_columns, gather_picks, gather_raw, group_by_chunk
@@ -20,6 +21,8 @@ from .sequence_rows import sequence_rows
 from .strings import Strings
 
 __all__ = [
+    "MAX_NUM_BUCKETS",
+    "MAX_SEED",
     "ColumnBlock",
     "DensePlan",
     "HashPlan",

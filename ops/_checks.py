@@ -7,8 +7,9 @@ from types import ModuleType
 
 import numpy as np
 
-MAX_NUM_BUCKETS = 2**32 - 1
-MAX_SEED = 2**32 - 1
+MAX_UINT32 = 2**32 - 1
+MAX_NUM_BUCKETS = MAX_UINT32  # bucket ids are then below it: one uint32 word each
+MAX_SEED = MAX_UINT32
 KEY_DTYPES = (np.dtype(np.int32), np.dtype(np.uint32), np.dtype(np.int64), np.dtype(np.uint64))
 
 

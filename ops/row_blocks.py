@@ -19,12 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._checks import MAX_UINT32
 from ._native import kernels
 
 _NO_FLOATS = np.zeros(0, dtype=np.float32)
 _NO_ROWS = np.zeros((0, 0), dtype=np.float32)
 _NO_IDS = np.zeros((0, 0), dtype=np.int64)
-MAX_ID = (1 << 32) - 1
+MAX_ID = MAX_UINT32
 
 
 @dataclass(frozen=True)

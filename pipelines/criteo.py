@@ -20,9 +20,11 @@ from typing import Sequence
 
 import numpy as np
 
+from ..ops import MAX_NUM_BUCKETS
 from .spec import PipelineSpec
-from .tabular import (MAX_BUCKETS, Categorical, Column, ColumnKind, Dense, FileFormat, OnError, Schema,
+from .tabular import (Categorical, Column, ColumnKind, Dense, FileFormat, OnError, Schema,
                       TabularFiles, tabular)
+from .validate import int_in
 
 NUM_DENSE = 13
 NUM_CATEGORICAL = 26
@@ -40,7 +42,7 @@ def criteo(paths: str | os.PathLike | Sequence[str | os.PathLike], *,
     ``table_sizes``: buckets per categorical feature: one int for all 26, 26 ints, or None for
     ``DEFAULT_TABLE_SIZE``. ``format``: ``"tsv"``, ``"parquet"`` or ``"auto"`` (Parquet for names ending in
     ``.parquet``/``.pq``, else TSV). ``on_error``: ``"raise"`` on the first bad row, or ``"skip"`` bad rows
-    (they are listed in the runner's ``skipped``).
+    (each delivered as an invalid slot, ``valid`` False, and listed once in ``Loader.skipped``).
     """
     files = TabularFiles(paths, _format(paths, format), _columns(), on_error)
     sizes = _table_sizes(table_sizes)
@@ -86,6 +88,5 @@ def _table_sizes(table_sizes) -> tuple[int, ...]:
     for name, size in zip(CATEGORICAL_NAMES, sizes):
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
             raise TypeError(f"table_sizes entry for {name} must be an int, got {type(size).__name__} {size!r}")
-        if not 1 <= size <= MAX_BUCKETS:
-            raise ValueError(f"table_sizes entry for {name} must be in [1, {MAX_BUCKETS}], got {size}")
+        int_in(f"table_sizes entry for {name}", size, 1, MAX_NUM_BUCKETS)
     return tuple(int(s) for s in sizes)

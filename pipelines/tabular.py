@@ -47,13 +47,12 @@ from typing import Sequence, Union
 
 import numpy as np
 
+from ..ops import MAX_NUM_BUCKETS, MAX_SEED
 from .choices import parse_enum
 from .on_error import OnError
 from .spec import PipelineSpec
+from .validate import int_in
 from .features import MISSING_ID, AssembleSparse, DenseColumns, HashColumns, MultiHotColumns, Parse  # noqa: F401  (MISSING_ID: public here)
-
-MAX_BUCKETS = (1 << 32) - 1  # the largest uint32: what ops.hash_buckets takes
-MAX_SEED = (1 << 32) - 1
 
 
 class FileFormat(enum.Enum):
@@ -91,9 +90,7 @@ def _name(owner: str, field_name: str, value: object) -> str:
 def _integer(owner: str, field_name: str, value: object, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{owner}.{field_name} must be an integer, got {type(value).__name__} {value!r}")
-    if not low <= value <= high:
-        raise ValueError(f"{owner}.{field_name} must be in [{low}, {high}], got {value!r}")
-    return int(value)
+    return int_in(f"{owner}.{field_name}", value, low, high)
 
 
 def _finite(owner: str, field_name: str, value: object) -> float:
@@ -256,7 +253,7 @@ class Categorical:
 
     def __post_init__(self) -> None:
         _name("Categorical", "name", self.name)
-        _integer("Categorical", "num_buckets", self.num_buckets, 1, MAX_BUCKETS)
+        _integer("Categorical", "num_buckets", self.num_buckets, 1, MAX_NUM_BUCKETS)
         _integer("Categorical", "seed", self.seed, 0, MAX_SEED)
 
 
@@ -272,7 +269,7 @@ class MultiHot:
 
     def __post_init__(self) -> None:
         _name("MultiHot", "name", self.name)
-        _integer("MultiHot", "num_buckets", self.num_buckets, 1, MAX_BUCKETS)
+        _integer("MultiHot", "num_buckets", self.num_buckets, 1, MAX_NUM_BUCKETS)
         _integer("MultiHot", "seed", self.seed, 0, MAX_SEED)
         if self.max_len is not None:
             _integer("MultiHot", "max_len", self.max_len, 1, 1 << 31)
@@ -292,7 +289,7 @@ class Cross:
         _name("Cross", "b", self.b)
         if self.a == self.b:
             raise ValueError(f"Cross.a and Cross.b must name different columns, got {self.a!r} twice")
-        _integer("Cross", "num_buckets", self.num_buckets, 1, MAX_BUCKETS)
+        _integer("Cross", "num_buckets", self.num_buckets, 1, MAX_NUM_BUCKETS)
         _integer("Cross", "seed", self.seed, 0, MAX_SEED)
 
     @property

@@ -124,3 +124,23 @@ def test_pipeline_definitions_pickle(tmp_path):
     spec = criteo(path)
     copy = pickle.loads(pickle.dumps(spec))
     assert copy == spec and len(open_source(copy.source)) == 1
+
+
+def test_bucket_and_seed_limits_are_the_kernels_own():
+    """A declaration takes exactly the bucket counts and seeds that the hash kernels take (one definition)."""
+    from feedline import ops
+
+    top = ops.MAX_NUM_BUCKETS
+    assert Categorical("a", top, seed=ops.MAX_SEED).num_buckets == top
+    assert criteo("x.tsv", table_sizes=top) is not None
+    ops.hash_buckets([7], top, seed=ops.MAX_SEED)  # and the kernel takes them too
+    for make, name in ((lambda: Categorical("a", top + 1), "Categorical.num_buckets"),
+                       (lambda: MultiHot("a", top + 1), "MultiHot.num_buckets"),
+                       (lambda: Cross("a", "b", top + 1), "Cross.num_buckets"),
+                       (lambda: criteo("x.tsv", table_sizes=[10] * 25 + [top + 1]), "table_sizes entry for C26")):
+        with pytest.raises(ValueError, match=rf"^{name} must be an integer in \[1, {top}\], got {top + 1}$"):
+            make()
+    with pytest.raises(ValueError, match=rf"seed must be an integer in \[0, {ops.MAX_SEED}\]"):
+        Categorical("a", 10, seed=ops.MAX_SEED + 1)
+    with pytest.raises(ValueError, match=r"num_buckets must be in"):
+        ops.hash_buckets([7], top + 1)

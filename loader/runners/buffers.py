@@ -13,6 +13,8 @@ import threading
 
 import torch
 
+from ...pipelines.validate import int_at_least
+
 # When only the pool holds a tensor, _free sees 3 references to it (the pool's list, its own argument and
 # getrefcount's) and 2 to its storage (the tensor's and the storage object asked for here).
 _TENSOR_REFS = 3
@@ -28,9 +30,7 @@ class BufferRing:
     """Keeps up to ``capacity`` tensors of each shape and dtype asked for."""
 
     def __init__(self, capacity: int):
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
-            raise ValueError(f"capacity must be a non-negative integer, got {capacity!r}")
-        self.capacity = capacity
+        self.capacity = int_at_least("capacity", capacity, 0)
         self._buffers: dict[tuple, list[torch.Tensor]] = {}
         self._lock = threading.Lock()
         self.reused = 0

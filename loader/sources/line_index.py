@@ -1,9 +1,9 @@
 """The line index of a text file: its bytes cut into chunks of about ``CHUNK_BYTES`` at line starts, each with
 its byte range, first line (1-based) and line count.
 
-Memory is O(chunks), never O(lines): the bytes are fed a block at a time and each block is searched with
-``bytes.count``/``find``, so a file of short lines costs no more to index than one of long lines, and no list
-of line ends is ever made. A line of more than ``MAX_LINE_BYTES`` bytes (its newline included) is a chunk of
+Memory is O(chunks), never O(lines): the bytes are fed a block at a time, line ends found with ``find`` and
+newlines counted with a NumPy comparison into a reused mask, so a file of short lines costs no more to index
+than one of long lines, and no list of line ends is ever made. A line of more than ``MAX_LINE_BYTES`` bytes (its newline included) is a chunk of
 its own that is never read into memory: reading it gives one bad row, ``file:line`` and its length.
 
 The same scan indexes a plain file (byte offsets in the file) and a gzip file (offsets in its decompressed
