@@ -7,11 +7,11 @@ import logging
 import sys
 from pathlib import Path
 
-from . import bench, convert, make_data, plan, profile
+from . import bench, convert, make_data, plan, profile_command
 from .tables import format_table
 
 # in the order ``feedline --help`` lists them
-COMMANDS = {"make-data": make_data, "bench": bench, "convert": convert, "plan": plan, "profile": profile}
+COMMANDS = {"make-data": make_data, "bench": bench, "convert": convert, "plan": plan, "profile": profile_command}
 
 
 def build_parser() -> argparse.ArgumentParser:
