@@ -111,7 +111,6 @@ def test_a_replan_that_moves_the_cut_mid_epoch_delivers_the_cpu_batches(image_di
 
     # A machine with a GPU: the Loader delivers on it and the scheduler weighs every cut.
     monkeypatch.setattr(controller_module, "gpu_available", lambda: True)
-    monkeypatch.setattr(auto_module, "gpu_available", lambda: True)
     # ... whose GPU is the CPU: no CUDA stream to make batches on, GPU-placed torch stages run on the CPU.
     monkeypatch.setattr(loader_module, "BackgroundStream",
                         lambda make, depth, *, cuda=None, describe: BackgroundStream(make, depth, describe=describe))

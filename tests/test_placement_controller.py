@@ -108,13 +108,13 @@ def test_batches_wanted_on_the_cpu_keep_auto_on_the_cpu_and_its_scheduler_too(sp
     c = PlacementController(spec, "auto", device=CPU, remote=None, gpu=True)
     assert (c.cut, c.device) == (spec.all_cpu, CPU)
     attached(c)
-    assert c.auto.scheduler.valid_cuts == (spec.all_cpu,)
+    assert c.auto.scheduler.valid_cuts == (spec.all_cpu,) and c.auto.gpu_present
 
 
 def test_without_a_gpu_the_scheduler_weighs_every_cut_and_the_readings_rule_them_out(spec):
     c = PlacementController(spec, "auto", device=None, remote=None, gpu=False)
     attached(c)
-    assert c.auto.scheduler.valid_cuts == tuple(spec.valid_cuts())
+    assert c.auto.scheduler.valid_cuts == tuple(spec.valid_cuts()) and not c.auto.gpu_present
 
 
 def test_a_fixed_gpu_placement_for_batches_wanted_on_the_cpu_is_refused(spec):
@@ -136,7 +136,7 @@ def test_remote_workers_run_the_cpu_placement(spec):
     c = PlacementController(spec, "auto", device=None, remote=workers, gpu=True)
     assert (c.cut, c.device, c.remote_workers) == (spec.all_cpu, CPU, None)  # how many pay: decided at the start
     attached(c)
-    assert c.auto.scheduler.valid_cuts == (spec.all_cpu,)
+    assert c.auto.scheduler.valid_cuts == (spec.all_cpu,) and c.auto.gpu_present
     fixed = PlacementController(spec, "cpu", device=None, remote=workers, gpu=True)
     attached(fixed)
     assert fixed.remote_workers is workers and fixed.report()["remote"]["used_workers"] == 2

@@ -31,13 +31,15 @@ class AutoPlacement:
     """``config`` is the Loader's runner configuration (batch size, device, ...); ``runners`` makes a runner
     for a configuration over the Loader's opened source, ``orders`` that source's order for a batch size and
     seed. Probes and profiling run on runners and orders of their own, never on the Loader's. ``cuts``: those
-    the scheduler may choose (default every valid cut; ``controller.PlacementController`` narrows them)."""
+    the scheduler may choose (default every valid cut; ``controller.PlacementController`` narrows them); ``gpu``:
+    whether the machine has a usable GPU (default: ask CUDA)."""
 
     def __init__(self, spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, orders: OrderFactory,
                  cores: int, *, replan_every_s: float = REPLAN_EVERY_S, clock: Callable[[], float] = time.monotonic,
-                 cuts: Sequence[int] | None = None):
+                 cuts: Sequence[int] | None = None, gpu: bool | None = None):
         device, batch_size = config.device, config.batch_size
-        on_gpu = device.type == "cuda" and gpu_available()
+        self.gpu_present = gpu_available() if gpu is None else gpu
+        on_gpu = device.type == "cuda" and self.gpu_present
         self.spec = spec
         self.config = config
         self.runners = runners
@@ -48,7 +50,7 @@ class AutoPlacement:
                                    max_threads=cores, clock=clock)
         self.cpu = PsutilCpuMonitor()
         self.gpu = NvmlGpuMonitor.create(device.index or 0) if on_gpu else NoGpu("batches are delivered on the CPU"
-                                                                                 if gpu_available() else "no GPU")
+                                                                                 if self.gpu_present else "no GPU")
         self.wait = WaitMonitor()
         self.replan_every_s = replan_every_s
         self.profile: Profile | None = None
@@ -67,7 +69,7 @@ class AutoPlacement:
         """Profile the pipeline, choose the first plan, and check its thread count by measuring."""
         started = time.perf_counter()
         self.profile = profile(self.spec, self.config, self.runners, self.orders,
-                               gpu=gpu_available() and self.device.type == "cuda")
+                               gpu=self.gpu_present and self.device.type == "cuda")
         self.last = self._measurements(None)
         plan = self.scheduler.update(self.last)
         plan = self._check_threads(plan)

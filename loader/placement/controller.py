@@ -85,7 +85,7 @@ class PlacementController:
         self.config, self._follow, self._group_rows = config, follow, group_rows
         if self.automatic:
             self.auto = AutoPlacement(self.pipeline, config, runners, orders, config.num_threads,
-                                      cuts=self._auto_cuts())
+                                      cuts=self._auto_cuts(), gpu=self.gpu)
         log.info("feedline: %s placement %s (%s)", self.pipeline.name, self.pipeline.describe_cut(self.cut),
                  ", ".join(f"{k}={v}" for k, v in self.stages.items()))
 
