@@ -64,6 +64,8 @@ def profile_loader(loader, *, batches: int = 40, trainer_step_ms: float | str | 
     was. ``batches``: batches timed per measurement. ``trainer_step_ms``: a simulated trainer step (milliseconds,
     or ``"auto"``: the loader's own batch time); ``train_step``: your own step, called with each batch. With
     either, the profile adds the delivered rate, the trainer's waits and the headroom."""
+    if not all(hasattr(loader, name) for name in ("pipeline", "config", "state_dict", "load_state_dict")):
+        raise TypeError(f"loader must be a feedline.loader.Loader, got {type(loader).__name__}")
     positive_int("batches", batches)
     measured = measure(loader, batches=batches, trainer_step_ms=trainer_step_ms, train_step=train_step)
     spec = loader.pipeline

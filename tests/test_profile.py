@@ -145,6 +145,8 @@ def test_profile_arguments_are_checked(planted_images):
             profile_loader(loader, trainer_step_ms=5, train_step=lambda batch: None)
         with pytest.raises(TypeError, match="train_step must be a function"):
             profile_loader(loader, train_step=5)
+    with pytest.raises(TypeError, match="loader must be a feedline.loader.Loader, got DataLoader"):
+        profile_loader(torch.utils.data.DataLoader([1, 2, 3]))
 
 
 def test_the_delivery_meter_counts_the_window():
