@@ -14,7 +14,7 @@ from .hash_columns import HashPlan, hash_columns, hash_plan
 from .hashing import hash_buckets, murmur3_32
 from .jagged import Jagged, keyed_jagged, one_per_row
 from .multi_hot import multi_hot
-from .normalize import normalize_dense
+from .normalize_values import normalize_dense
 from .normalize_columns import DensePlan, dense_plan, normalize_columns
 from .row_blocks import RowBlocks, RowLayout, gather_rows, locate_rows, pack_rows
 from .sequence_rows import sequence_rows

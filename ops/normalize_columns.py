@@ -17,7 +17,7 @@ import numpy as np
 from ._arrays import array_module
 from ._cuda import launch
 from ._native import kernels
-from .normalize import _float32_arg, normalize_dense
+from .normalize_values import _float32_arg, normalize_dense
 
 
 @dataclass(frozen=True, eq=False)
