@@ -14,7 +14,7 @@ import pytest
 from conftest import write_images
 from feedline.datagen.criteo import make_criteo
 from feedline.loader import Loader, RayWorkers
-from feedline.loader.sources.convert import convert
+from feedline.loader.sources.text_to_columnar import convert
 from feedline.pipelines.criteo import criteo
 
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'feedline[ray]')")
