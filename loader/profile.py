@@ -30,7 +30,7 @@ class Profile:
     pipeline: str
     batch_size: int
     device: str
-    placement: dict[str, Any]          # placement (name), cut, threads, prefetch
+    placement: dict[str, Any]          # placement (name), cut, threads, prefetch, chosen_by (auto, fixed)
     stages: list[dict[str, Any]]       # stage, backend, ms_per_sample, share, cpu/gpu ms, bytes_out_per_sample
     bottleneck: dict[str, Any]         # stage, backend, share, resource (cpu, gpu, transfer), ms_per_sample
     placements: list[dict[str, Any]]   # placement, cut, threads, predicted/measured_samples_per_s, bound_by, why_not
@@ -89,7 +89,8 @@ def profile_loader(loader, *, batches: int = 40, trainer_step_ms: float | str | 
                      f"busy with other work")
     profile = Profile(
         pipeline=spec.name, batch_size=loader.batch_size, device=str(loader.device),
-        placement={"placement": spec.describe_cut(cut), "cut": cut, "threads": threads, "prefetch": loader.prefetch},
+        placement={"placement": spec.describe_cut(cut), "cut": cut, "threads": threads, "prefetch": loader.prefetch,
+                   "chosen_by": "auto" if isinstance(loader.plan.get("history"), list) else "fixed"},
         stages=rows, bottleneck=top,
         placements=advice.placements(spec, model, cut, threads, capacity),
         measured=_measured(measured, model),

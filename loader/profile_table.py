@@ -29,8 +29,9 @@ def _columns(rows: list[tuple[str, ...]], numeric: set[int]) -> list[str]:
 def format_profile(p) -> str:
     place = p.placement
     threads = f"{place['threads']} thread{'s' if place['threads'] != 1 else ''}"
-    lines = [f"{p.pipeline}: batch {p.batch_size:,}, placement {place['placement']} (cut {place['cut']}), {threads}, "
-             f"prefetch {place['prefetch']}, on {p.device}", ""]
+    chosen = ", chosen by auto" if place.get("chosen_by") == "auto" else ""
+    lines = [f"{p.pipeline}: batch {p.batch_size:,}, placement {place['placement']} (cut {place['cut']}{chosen}), "
+             f"{threads}, prefetch {place['prefetch']}, on {p.device}", ""]
     rows = [("stage", "where", "us/sample", "ms/batch", "share", "bytes out/sample")]
     for s in p.stages:
         ms = s["ms_per_sample"]

@@ -217,6 +217,7 @@ def test_the_command_writes_both_files_and_prints_the_table(image_dir, tmp_path,
         assert words in shown
     data = json.loads((out / "profile.json").read_text())
     assert data["pipeline"] == "image-val" and [s["stage"] for s in data["stages"]][:2] == ["read", "decode"]
+    assert data["placement"]["chosen_by"] == "fixed" and "chosen by auto" not in shown
     assert (out / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -338,3 +339,5 @@ def test_auto_placement_profiles_only_the_samples_it_makes(image_dir):
     with Loader(spec, 8, placement="auto") as loader:
         next(iter(loader))
         assert loader.plan["profile_samples"] == 3 * 8  # 3 batches after a warm-up one, of 37 images
+        profile = profile_loader(loader, batches=2)
+    assert profile.placement["chosen_by"] == "auto" and "chosen by auto" in profile.table()
