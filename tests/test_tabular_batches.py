@@ -5,6 +5,7 @@ GPU stages, run on the emulated GPU, give the CPU's batches under every cut; spa
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -196,3 +197,35 @@ def test_every_gpu_cut_on_the_emulated_gpu_gives_the_cpu_batches(generic, criteo
                     assert isinstance(got[key], FakeDeviceArray) or key in ("index", "valid"), (cut, key)
                     assert np.array_equal(mine, value.numpy()), (spec.name, cut, key)
         assert {"fl_hash_columns", "fl_normalize_columns"} <= set(gpu)
+
+
+@pytest.mark.skipif(CXX is None, reason="g++ not found")
+def test_a_timer_times_every_gpu_stage_and_changes_no_value(criteo_files, gpu, monkeypatch):
+    """The GPU stages timed by a profiling caller's StageTimer (the stream synchronised around each stage) give
+    the values they give untimed (NO_TIMER, nothing synchronised), and each stage has its seconds."""
+    import sys
+
+    from feedline.loader.runners.contract import StageTimer
+
+    class Stream:
+        synchronized = 0
+
+        def synchronize(self):
+            Stream.synchronized += 1
+
+    spec = criteo(criteo_files / "conv", table_sizes=1000)
+    source = open_source(spec.source)
+    plan = BatchPlan(np.arange(300, 812), np.ones(512, bool))
+    runner = feature_runner(spec, 1, "cuda", source=source)
+    cpu_buffers(runner, monkeypatch)
+    runs = []
+    for timer in (None, StageTimer(time.perf_counter)):
+        tensor, layout = runner._host_part(plan)
+        data = transfer.unpack(dev(tensor.numpy()), layout, transfer.cupy_view)
+        out = runner.run_stages(data, sys.modules["cupy"]) if timer is None else \
+            runner.run_stages(data, sys.modules["cupy"], Stream(), timer)
+        runs.append({k: np.asarray(v) for k, v in flatten(out).items() if k != "sparse.keys"})
+    assert runs[0].keys() == runs[1].keys() and all(np.array_equal(runs[0][k], runs[1][k]) for k in runs[0])
+    gpu_stages = [stage.name for stage in spec.stages[1:]]
+    assert list(timer.seconds) == gpu_stages and all(s >= 0 for s in timer.seconds.values())
+    assert Stream.synchronized == 2 * len(gpu_stages)
