@@ -138,6 +138,9 @@ def measure(loader, *, batches: int, trainer_step_ms: float | str | None = None,
             loader.cursor.pinned = pinned
         loader.epoch_summaries.clear()
         loader.epoch_summaries.update(summaries)
+        meter = getattr(loader, "meter", None)
+        if meter is not None:  # the trainer's live figures do not count the profile's batches
+            meter.reset()
     headroom = timed(_replay(held), batches, step, sync) if held else None
     return Measured(capacity, loaded, headroom, step_ms)
 

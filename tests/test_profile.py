@@ -178,9 +178,12 @@ def test_stats_and_their_logging(planted_images):
     with Loader(planted_images, 8, placement="cpu", num_threads=1) as loader:
         stats = loader_stats(loader)
         assert stats["placement"] == "cpu" and stats["skipped"] == 0 and stats["stages_measured_by"] is None
+        for _ in loader:
+            pass
+        assert loader_stats(loader)["batches"] == len(loader)
         profile_loader(loader, batches=2)
         stats = loader_stats(loader)
-        assert stats["stages_measured_by"] == "loader.profile()"
+        assert stats["stages_measured_by"] == "loader.profile()" and stats["batches"] == 0
         assert stats["stages"]["planted"]["ms_per_sample"] == pytest.approx(IMAGE_MS, rel=0.15)
         writer, seen = _Writer(), []
         with log_stats(loader, 0.01, callback=seen.append, writer=writer) as logger:
