@@ -6,6 +6,7 @@ import torch
 
 from conftest import write_images
 from corrupt_images import payload
+from test_fuzz_images import payload as fuzzed
 from runners import image_runner
 from feedline.loader.errors import OnError
 from feedline.loader.runners import image_graph
@@ -20,11 +21,16 @@ BATCH = 4
 
 @pytest.fixture(scope="module")
 def ten_with_bad(tmp_path_factory):
-    """Ten images in one class (dataset index = file number); those of ``BAD`` are not images."""
+    """Ten images in one class (dataset index = file number); those of ``BAD`` are bad: 2 and 7 are not images
+    (found when read), 3 is a JPEG whose header reads well but whose data DALI's decoder rejects (found when DALI
+    fails on its batch, which is then formed again without it)."""
     root = tmp_path_factory.mktemp("ten_with_bad")
     paths = write_images(root, 10, classes=1, seed=4, sizes=[(64, 48)] * 10)
-    for k in BAD:
+    for k in (2, 7):
         paths[k].write_bytes(payload("text", seed=k))
+    kind, _, data, _ = fuzzed(11, 11)
+    assert kind == "flipped"
+    paths[3].write_bytes(data)
     return root
 
 
@@ -52,7 +58,9 @@ def test_padding_makes_each_batch_from_its_own_plan(ten_with_bad):
         assert _rows(batch) == (good + [-1] * pad, [True] * len(good) + [False] * pad)
         assert (info.end, info.last, info.skipped) == (plan.start + len(plan.indices), plan.last, pad)
         assert not batch["image"][len(good):].any()
-    assert sorted(s.index for s in skipped) == list(BAD)
+    reasons = {s.index: s.reason for s in skipped}
+    assert sorted(reasons) == list(BAD)
+    assert "not an image" in reasons[2] and "cannot be decoded" in reasons[3]
     # A batch is a function of its plan alone: the middle plan made on its own gives the same batch.
     alone_made, _ = _made(ten_with_bad, SkipFill.PADDING, plans[1:2])
     assert len(alone_made) == 1
