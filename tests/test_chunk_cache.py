@@ -33,9 +33,20 @@ class Reads:
         return packed()
 
 
+class Cache(ChunkCache):
+    """The cache with one reader for every call, as a table gives its own."""
+
+    def __init__(self, reads, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reads = reads
+
+    def get(self, c, load=None):
+        return super().get(c, load or self.reads)
+
+
 def test_threads_asking_together_share_one_read():
     reads = Reads(pause=0.05)
-    cache = ChunkCache(reads, np.full(4, 10), 100, reads_into=False)
+    cache = Cache(reads, np.full(4, 10), 100, reads_into=False)
     got, start = [], threading.Barrier(6)
 
     def ask():
@@ -53,7 +64,7 @@ def test_threads_asking_together_share_one_read():
 
 def test_the_least_lately_used_chunks_go_past_the_limit():
     reads = Reads()
-    cache = ChunkCache(reads, np.array([4, 4, 4, 4]), 10, reads_into=False)
+    cache = Cache(reads, np.array([4, 4, 4, 4]), 10, reads_into=False)
     cache.get(0), cache.get(1)
     cache.get(0)  # used again: 1 is now the oldest
     cache.get(2)  # 12 rows > 10: 1 goes
@@ -61,13 +72,13 @@ def test_the_least_lately_used_chunks_go_past_the_limit():
     assert list(cache) == [0, 2]
     cache.get(1)
     assert reads.count == {0: 1, 1: 2, 2: 1} and list(cache) == [2, 1]
-    alone = ChunkCache(Reads(), np.array([50]), 10, reads_into=False)
+    alone = Cache(Reads(), np.array([50]), 10, reads_into=False)
     assert alone.get(0) is alone.cached(0)  # a chunk larger than the limit is still kept, alone
 
 
 def test_a_failed_read_reaches_every_waiter_and_is_tried_again():
     reads = Reads(pause=0.05, fail={1})
-    cache = ChunkCache(reads, np.full(3, 10), 100, reads_into=False)
+    cache = Cache(reads, np.full(3, 10), 100, reads_into=False)
     errors, start = [], threading.Barrier(3)
 
     def ask():
@@ -88,7 +99,7 @@ def test_a_failed_read_reaches_every_waiter_and_is_tried_again():
 
 
 def test_dropped_buffers_are_read_into_again_once_free():
-    cache = ChunkCache(Reads(), np.array([4, 4, 4]), 4, reads_into=True)
+    cache = Cache(Reads(), np.array([4, 4, 4]), 4, reads_into=True)
     first = cache.get(0)
     cache.get(1)  # drops chunk 0, whose buffer `first` still holds
     assert cache.spare(64) is None
@@ -102,6 +113,6 @@ def test_dropped_buffers_are_read_into_again_once_free():
 
 @pytest.mark.parametrize("reads_into", [False, True])
 def test_a_released_chunk_is_reused_only_for_buffers_read_into(reads_into):
-    cache = ChunkCache(Reads(), np.array([4]), 4, reads_into=reads_into)
+    cache = Cache(Reads(), np.array([4]), 4, reads_into=reads_into)
     cache.release(packed(128))
     assert (cache.spare(128) is not None) is reads_into

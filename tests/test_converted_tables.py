@@ -239,16 +239,34 @@ def test_an_evicted_chunk_is_read_over_only_once_nothing_holds_it(tables):
     source = open_source(conv.source)
     cache = source._cache
     cache.limit_rows = columnar.CHUNK_ROWS  # one chunk at a time
-    held = cache.get(0)  # a gather still at work on chunk 0
+    held = cache.get(0, source._load)  # a gather still at work on chunk 0
     before, first = held.block.data.copy(), id(held.block.data)
-    cache.get(1)  # chunk 0 is evicted; its buffer retired, but still held
-    cache.get(0)  # read again, not into the held buffer
+    cache.get(1, source._load)  # chunk 0 is evicted; its buffer retired, but still held
+    cache.get(0, source._load)  # read again, not into the held buffer
     assert id(cache.cached(0).block.data) != first and np.array_equal(held.block.data, before)
     del held
-    cache.get(1)  # now the retired buffer is free: chunk 1 is read into it
+    cache.get(1, source._load)  # now the retired buffer is free: chunk 1 is read into it
     assert id(cache.cached(1).block.data) == first
     rows = source.read(np.arange(columnar.CHUNK_ROWS, 2 * columnar.CHUNK_ROWS))
     names, values, missing = records_by_hand(tables[0] / "conv")
     j = names.index("C3")
     keep = ~rows.columns["C3"].missing
     assert np.array_equal(rows.columns["C3"].values[keep], values[columnar.CHUNK_ROWS:2 * columnar.CHUNK_ROWS, j][keep])
+
+
+def test_a_dropped_table_and_its_cached_chunks_are_freed_at_once(tables):
+    """No reference cycle keeps an opened table (and the chunks its cache holds) alive until a garbage
+    collection: dropping the last reference frees it."""
+    import gc
+    import weakref
+
+    for declared in (tables[1], tables[2]):
+        gc.disable()
+        try:
+            source = open_source(declared.source)
+            source.read(np.arange(0, len(source), 997))
+            freed = weakref.ref(source)
+            del source
+            assert freed() is None, declared.source.paths
+        finally:
+            gc.enable()

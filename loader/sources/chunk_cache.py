@@ -36,12 +36,11 @@ class _Loading:
 
 
 class ChunkCache:
-    """Chunks by number, read by ``load(c)`` (not cached by it), ``chunk_rows[c]`` rows each. ``reads_into``: the
+    """Chunks by number, ``chunk_rows[c]`` rows each, read by the ``load(c)`` each call is given (which caches
+    nothing; given per call, so that the cache holds no reference back to its table). ``reads_into``: the
     chunks are buffers read into (``load`` takes them from ``spare``), not a parser's arrays."""
 
-    def __init__(self, load: Callable[[int], PackedChunk], chunk_rows: np.ndarray, limit_rows: int, *,
-                 reads_into: bool):
-        self._read = load
+    def __init__(self, chunk_rows: np.ndarray, limit_rows: int, *, reads_into: bool):
         self._chunk_rows = chunk_rows
         self.limit_rows = limit_rows
         self._reads_into = reads_into
@@ -51,7 +50,7 @@ class ChunkCache:
         self._loading: dict[int, _Loading] = {}
         self._lock = threading.Lock()
 
-    def load_missing(self, chunks: list[int]) -> None:
+    def load_missing(self, chunks: list[int], load: Callable[[int], PackedChunk]) -> None:
         """Read, one at a time, the chunks of ``chunks`` that nobody has yet or is reading: threads reading the
         same chunks (plans of one shuffle buffer-full) then share the parsing instead of waiting for each
         other's."""
@@ -59,9 +58,9 @@ class ChunkCache:
             with self._lock:
                 if c in self._cache or c in self._loading:
                     continue
-            self.get(c)
+            self.get(c, load)
 
-    def get(self, c: int) -> PackedChunk:
+    def get(self, c: int, load: Callable[[int], PackedChunk]) -> PackedChunk:
         """Chunk ``c``, from the cache, or read (once, by the first thread asking) and cached."""
         with self._lock:
             chunk = self._cache.get(c)
@@ -78,7 +77,7 @@ class ChunkCache:
                 raise loading.error
             return loading.chunk
         try:
-            loading.chunk = self._read(c)
+            loading.chunk = load(c)
         except BaseException as exc:
             loading.error = exc
             raise

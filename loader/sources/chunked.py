@@ -139,8 +139,7 @@ class ChunkedTable:
         self._ints = [c.name for c in self.columns if c.name not in self._floats and c.name not in self._lists]
         self._block_column = {name: j for j, name in enumerate(self._ints + self._floats)}
         self._picks: dict[tuple, np.ndarray] = {}
-        self._cache = ChunkCache(self._load, self.chunk_rows, self.cache_rows,
-                                 reads_into=hasattr(reader, "load_block"))
+        self._cache = ChunkCache(self.chunk_rows, self.cache_rows, reads_into=hasattr(reader, "load_block"))
         self._lock = threading.Lock()
         self._met_bad: set[int] = set()
         self._prepared: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -232,7 +231,7 @@ class ChunkedTable:
         chunks, bounds, local, positions = ops.group_by_chunk(rows, self.first_row, self.num_rows)
         needed = chunks.tolist()
         start = threading.get_ident() % max(len(needed), 1)
-        self._cache.load_missing(needed[start:] + needed[:start])
+        self._cache.load_missing(needed[start:] + needed[:start], self._load)
         return chunks, bounds, local, positions
 
     def read(self, rows: np.ndarray) -> Rows:
@@ -249,7 +248,7 @@ class ChunkedTable:
         bads: list[tuple[int, PackedChunk, int]] = []
         chunks, bounds, local, positions = self._groups(rows)
         for g, c in enumerate(chunks.tolist()):  # the requested rows that one chunk holds
-            chunk = self._cache.get(c)
+            chunk = self._cache.get(c, self._load)
             here, at = local[bounds[g]:bounds[g + 1]], positions[bounds[g]:bounds[g + 1]]
             ints[at], floats[at], missing[at] = ops.gather_raw(chunk.block, int_columns, float_columns, here)
             if chunk.any_bad:
@@ -286,7 +285,7 @@ class ChunkedTable:
         parts: dict[str, list] = {k: [] for k in lists}
         chunks, bounds, local, positions = self._groups(rows)
         for g, c in enumerate(chunks.tolist()):
-            chunk = self._cache.get(c)
+            chunk = self._cache.get(c, self._load)
             here, at = local[bounds[g]:bounds[g + 1]], positions[bounds[g]:bounds[g + 1]]
             ops.gather_columns(chunk.block, picks, here, at, missing_id=missing_id, label=label_out,
                                dense=dense_out, ids=ids_out)
