@@ -37,11 +37,6 @@ class LineScan:
         self._chunk_rows = 0
         self._mask: np.ndarray | None = None
 
-    @property
-    def lines_done(self) -> int:
-        """Lines complete so far."""
-        return self._line - 1
-
     def feed(self, block: bytes | bytearray, length: int | None = None) -> None:
         """The next ``length`` bytes of the stream: ``block``'s first ``length`` (default: all of it)."""
         length = len(block) if length is None else length
