@@ -1,4 +1,4 @@
-// normalize_dense(): fill NaN, clip from below, log1p; bit-identical to feedline/ops/normalize.py.
+// normalize_dense(): fill NaN, clip from below, log1p; bit-identical to feedline/ops/normalize_values.py.
 #include "log1p64.cuh"
 
 // y, fill and clip_min are float32 values held in doubles; returns the bits of the float32 result.
