@@ -1,5 +1,5 @@
 """``normalize_dense`` for many columns at once on the CPU (numba): the twin of ``normalize_dense.cu`` and of
-``normalize.py`` with ``log1p64.py``, which stay its reference.
+``normalize_values.py`` with ``log1p64.py``, which stay its reference.
 
 The log1p follows ``log1p64.py`` step for step in float64 (same operations, same order, nothing fused), with
 ``frexp`` done on the bits (exact for the positive normal values ``1 + y`` takes), so that the loops vectorise.
