@@ -242,3 +242,29 @@ def test_the_loader_reports_and_delivers_what_its_controller_decides(spec, monke
     assert seen == list(range(len(fixed.dataset))) and fixed.config.cut == spec.all_cpu
     fixed.close()
     assert fixed.background is None
+
+
+@pytest.mark.parametrize("placement", ["auto", "cpu"])
+def test_a_dropped_loader_is_freed_at_once(spec, placement):
+    """The controller holds the Loader's methods weakly: with the cycle collector off, dropping the last reference
+    frees the Loader and stops its batch thread (a cycle kept both until the next collection)."""
+    import gc
+    import threading
+    import time
+    import weakref
+
+    loader = Loader(spec, 4, placement=placement)
+    next(iter(loader))
+    gone = weakref.ref(loader)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del loader
+        assert gone() is None
+        deadline = time.monotonic() + 5
+        while any(t.name == "feedline-batches" for t in threading.enumerate()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not any(t.name == "feedline-batches" for t in threading.enumerate())
+    finally:
+        if enabled:
+            gc.enable()

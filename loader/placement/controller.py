@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import logging
 import warnings
+import weakref
 from collections.abc import Mapping
 from typing import Any, Callable, ContextManager
 
@@ -81,7 +82,10 @@ class PlacementController:
                follow: Callable[[RunnerConfig], None]) -> None:
         """``config``: the Loader's runner configuration, made with this controller's ``cut`` and ``device``;
         ``runners`` and ``orders`` make probe runners and orders over the Loader's source (``AutoPlacement``);
-        ``group_rows``: rows a remote worker makes at a time (a table's shuffle buffer-full; None for images)."""
+        ``group_rows``: rows a remote worker makes at a time (a table's shuffle buffer-full; None for images).
+        Bound methods are held weakly: the Loader holds its controller, and a cycle back would keep a dropped
+        Loader's batch thread, worker threads and table cache alive until the next garbage collection."""
+        runners, orders, follow = _weakly(runners), _weakly(orders), _weakly(follow)
         self.config, self._follow, self._group_rows = config, follow, group_rows
         if self.automatic:
             self.auto = AutoPlacement(self.pipeline, config, runners, orders, config.num_threads,
@@ -189,3 +193,18 @@ class PlacementController:
         if self.remote is not None:
             report["remote"] = remote_report(self.remote, self.remote_workers, self.remote_decision)
         return report
+
+
+def _weakly(fn: Callable) -> Callable:
+    """``fn``, holding its object weakly if it is a bound method (calling it once the object is gone is an error
+    that says so)."""
+    if not hasattr(fn, "__self__") or not hasattr(fn, "__func__"):
+        return fn
+    method, name = weakref.WeakMethod(fn), fn.__func__.__qualname__
+
+    def call(*args, **kwargs):
+        bound = method()
+        if bound is None:
+            raise ReferenceError(f"the object whose {name} this was is gone")
+        return bound(*args, **kwargs)
+    return call
