@@ -49,7 +49,7 @@ def scheduler_section(rows: int = 200_000, batch_size: int = 8192) -> dict:
     import torch
 
     import_feedline("loader")
-    from feedline.datagen.criteo import make_criteo
+    from feedline.datagen.synthetic_criteo import make_criteo
     from feedline.loader.placement.auto import AutoPlacement
     from feedline.loader.runners import RunnerConfig, make_runner
     from feedline.loader.sources import open_source
@@ -291,7 +291,7 @@ def table_placement_section(rows: int = 200_000, batch_size: int = 8192) -> dict
     import torch
 
     import_feedline("loader")
-    from feedline.datagen.criteo import make_criteo
+    from feedline.datagen.synthetic_criteo import make_criteo
     from feedline.loader.runners import RunnerConfig
     from feedline.loader.runners.feature_runner import FeatureRunner
     from feedline.loader.sources import open_source

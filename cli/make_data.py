@@ -46,5 +46,5 @@ def run(parser: argparse.ArgumentParser, args) -> dict:
         raise ValueError(f"--out {args.out!r} is a folder; make-data criteo writes a file (e.g. {args.out}/day_0.tsv)")
     if out.exists() and not args.force:
         raise ValueError(f"--out {args.out!r} exists; pass --force to replace it")
-    from ..datagen.criteo import make_criteo
+    from ..datagen.synthetic_criteo import make_criteo
     return make_criteo(args.out, rows=args.rows, seed=args.seed, format=args.format)

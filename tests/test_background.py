@@ -155,7 +155,7 @@ def test_closing_or_dropping_a_loader_stops_its_thread(image_dir, tmp_path):
     assert len(batch_threads()) == before + 1
     loader.close()
     assert len(batch_threads()) == before
-    from feedline.datagen.criteo import make_criteo
+    from feedline.datagen.synthetic_criteo import make_criteo
 
     make_criteo(tmp_path / "c.tsv", 2000, seed=0)
     for spec in (image.train(image_dir, size=32), criteo(tmp_path / "c.tsv")):

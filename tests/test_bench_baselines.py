@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from feedline.benchmarks import criteo_compare, gil_share, pyarrow_baseline
-from feedline.datagen.criteo import make_criteo
+from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.benchmarks.peak_memory import run_module
 from feedline.loader import Loader
 from feedline.cli import main

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from feedline.benchmarks import criteo_bench, image_baselines, image_bench
-from feedline.datagen.criteo import make_criteo
+from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.benchmarks.trainer import (alternate, auto_step_s, check_trainer_step, efficiency, resolve_step_s,
                                          run_trainer, trainer_summary)
 from feedline.cli import main

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from feedline.datagen.criteo import make_criteo
+from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.loader import DataError
 from feedline.loader.sources import columnar, open_source
 from feedline.loader.sources.text_to_columnar import convert

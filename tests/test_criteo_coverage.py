@@ -3,7 +3,7 @@ and through the Loader."""
 import numpy as np
 import pytest
 
-from feedline.datagen.criteo import make_criteo
+from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.loader import Loader
 from runners import feature_runner
 from feedline.loader.sampler import EpochSampler

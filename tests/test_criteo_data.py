@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from feedline.benchmarks.criteo_bench import bench_criteo
-from feedline.datagen.criteo import CARDINALITIES, make_criteo
+from feedline.datagen.synthetic_criteo import CARDINALITIES, make_criteo
 from feedline.pipelines.criteo import CATEGORICAL_NAMES, DENSE_NAMES
 
 ROWS = 40_000

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from feedline.datagen.criteo import make_criteo
+from feedline.datagen.synthetic_criteo import make_criteo
 from runners import feature_runner
 from feedline.loader.sampler import EpochSampler
 from feedline.pipelines.criteo import CATEGORICAL_NAMES, DENSE_NAMES, criteo

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from feedline.datagen.criteo import make_criteo
+from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.datagen.images import make_images
 
 ROOT = Path(__file__).resolve().parents[1]

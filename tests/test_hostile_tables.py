@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from feedline.datagen.criteo import make_criteo
+from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.loader import DataError, Loader
 from feedline.cli import main as cli
 from feedline.loader.sources import index_store, open_source

@@ -275,7 +275,7 @@ def test_the_cli_is_no_part_of_the_library_and_the_library_imports_no_benchmarks
     library = {"loader", "pipelines", "ops"}
     assert not [i for i in imports if i.importer.split(".")[0] in library
                 and i.target.split(".")[0] in {"benchmarks", "datagen", "cli"}]
-    assert {"cli.make_data", "cli.convert", "cli.bench", "cli.plan", "datagen.criteo", "datagen.images"} <= set(modules)
+    assert {"cli.make_data", "cli.convert", "cli.bench", "cli.plan", "datagen.synthetic_criteo", "datagen.images"} <= set(modules)
 
 
 # ---- the check itself fails on planted bad imports -------------------------------------------------------------

@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from feedline.datagen.criteo import make_criteo
+from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.loader import Loader
 from feedline.loader.background import THREAD_NAME
 from feedline.loader.guards import StaleIteratorError

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from feedline.cli import main
-from feedline.datagen.criteo import make_criteo
+from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.loader import Loader
 from feedline.loader.devices import available_cores, gpu_available
 from feedline.loader.profile import last_profile, profile_loader

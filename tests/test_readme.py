@@ -119,7 +119,7 @@ DERIVED = {"clicks.tsv": _clicks_tsv, "clicks.parquet": _clicks_parquet}
 
 @pytest.fixture(scope="module")
 def readme_folder(tmp_path_factory) -> Path:
-    from feedline.datagen.criteo import make_criteo
+    from feedline.datagen.synthetic_criteo import make_criteo
     from feedline.datagen.images import make_images
 
     folder = tmp_path_factory.mktemp("readme")

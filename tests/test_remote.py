@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_images
-from feedline.datagen.criteo import make_criteo
+from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.loader import Loader, RayWorkers
 from feedline.loader.sources.text_to_columnar import convert
 from feedline.pipelines.criteo import criteo

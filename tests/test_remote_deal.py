@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from feedline.datagen.criteo import make_criteo
+from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.loader.runners.contract import BatchInfo
 from feedline.loader.runners.remote_deal import MIN_REMOTE_SHARE, Deal, DealCosts, Job, balanced_rates
 from feedline.loader.runners.remote_local import LocalJob, LocalMaker

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from feedline.datagen.criteo import make_criteo
+from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.loader import DataError, Loader
 from feedline.loader.sources import open_source
 from feedline.loader.sources import tsv as tsv_module

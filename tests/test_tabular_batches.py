@@ -14,7 +14,7 @@ import pytest
 import torch
 from sklearn.utils import murmurhash3_32
 
-from feedline.datagen.criteo import make_criteo
+from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.loader import Loader
 from feedline.loader.runners import transfer
 from feedline.loader.sampler import BatchPlan, EpochSampler

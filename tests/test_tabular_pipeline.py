@@ -113,7 +113,7 @@ def test_cpu_placement_never_imports_cupy(tmp_path):
     script = f"""
 import sys
 import numpy as np
-from feedline.datagen.criteo import make_criteo
+from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.loader.runners import RunnerConfig
 from feedline.loader.runners.feature_runner import FeatureRunner
 from feedline.loader.sampler import EpochSampler
@@ -134,7 +134,7 @@ assert "cupy" not in sys.modules, "cupy was imported"
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
 def test_every_gpu_cut_gives_the_cpu_batches(spec, tmp_path):
-    from feedline.datagen.criteo import make_criteo
+    from feedline.datagen.synthetic_criteo import make_criteo
     from feedline.pipelines.criteo import criteo
 
     make_criteo(tmp_path / "d.tsv", 3000, seed=0)

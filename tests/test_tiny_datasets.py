@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 
-from feedline.datagen.criteo import make_criteo
+from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.loader import Loader
 from feedline.pipelines import image
 from feedline.pipelines.criteo import criteo

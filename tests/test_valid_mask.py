@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from feedline.datagen.criteo import make_criteo
+from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.loader import Loader
 from feedline.pipelines import image
 from feedline.pipelines.criteo import criteo

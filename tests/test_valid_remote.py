@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_images
-from feedline.datagen.criteo import make_criteo
+from feedline.datagen.synthetic_criteo import make_criteo
 from test_remote import _namespace_prefix
 
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'feedline[ray]')")
