@@ -4,7 +4,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Mapping
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -239,10 +239,12 @@ class Loader:
             raise ValueError("state has an invalid 'skipped' list") from None
         self._earlier_skips = earlier + [k for k in self._earlier_skips if k not in earlier]
 
-    def profile(self, batches: int = 40):
-        """Time this loader's stages and delivery between iterations (``feedline.loader.profile``)."""
+    def profile(self, batches: int = 40, *, trainer_step_ms: float | str | None = None,
+                train_step: Callable[[dict], Any] | None = None):
+        """Time this loader's stages and delivery between iterations, under a simulated trainer step (ms or
+        "auto") or your own ``train_step(batch)`` if given (``feedline.loader.profile.profile_loader``)."""
         from .profile import profile_loader
-        return profile_loader(self, batches=batches)
+        return profile_loader(self, batches=batches, trainer_step_ms=trainer_step_ms, train_step=train_step)
 
     def stats(self) -> dict[str, Any]:
         """Its figures now: placement, rates, stage times, skips (``feedline.loader.stats``)."""

@@ -253,8 +253,11 @@ def test_a_dropped_loader_is_freed_at_once(spec, placement):
     import time
     import weakref
 
+    before = set(threading.enumerate())
     loader = Loader(spec, 4, placement=placement)
     next(iter(loader))
+    started = [t for t in set(threading.enumerate()) - before if t.name.startswith("feedline")]
+    assert any(t.name == "feedline-batches" for t in started)
     gone = weakref.ref(loader)
     enabled = gc.isenabled()
     gc.disable()
@@ -262,9 +265,9 @@ def test_a_dropped_loader_is_freed_at_once(spec, placement):
         del loader
         assert gone() is None
         deadline = time.monotonic() + 5
-        while any(t.name == "feedline-batches" for t in threading.enumerate()) and time.monotonic() < deadline:
+        while any(t.is_alive() for t in started) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert not any(t.name == "feedline-batches" for t in threading.enumerate())
+        assert not [t.name for t in started if t.is_alive()]
     finally:
         if enabled:
             gc.enable()
