@@ -68,3 +68,28 @@ def test_kept_threads_outlive_a_run_until_close():
     assert workers() - before == kept  # the same threads ran the second run
     threads.close()
     assert not workers() - before
+
+
+def test_each_plan_is_warmed_once_ahead_plans_before_it_is_made_and_a_failed_warming_is_ignored():
+    events = []
+    lock = threading.Lock()
+
+    def warm(plan, part, parts):
+        with lock:
+            events.append(("warm", plan.batch, part, parts))
+        if plan.batch == 5:
+            raise OSError("read later, by the plan itself")
+
+    def work(plan):
+        with lock:
+            events.append(("make", plan.batch))
+        return plan.batch
+
+    threads = PlanThreads(num_threads=1, depth=2)  # one thread: tasks start in the order queued
+    got = [made for _, made in threads.run(plans(10), work, warm=warm, ahead=3)]
+    assert got == list(range(10))
+    warmed = [e for e in events if e[0] == "warm"]
+    assert [(k, part, parts) for _, k, part, parts in warmed] == [(k, k % 3, 3) for k in range(10)]
+    for k in range(10):  # plan k is warmed before plan k - 3 is made, so before plans k - 2 .. k
+        made_before = [e[1] for e in events[:events.index(("warm", k, k % 3, 3))] if e[0] == "make"]
+        assert made_before == list(range(max(k - 3, 0)))

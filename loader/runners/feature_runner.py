@@ -11,6 +11,11 @@ from the source's cached chunks, normalise, hash, lay out the keys), written str
 batch (``feature_buffers``): the batch's own tensors on a CPU placement, or a pinned buffer that crosses to the
 GPU in one copy (only what the GPU stages need: the raw columns when everything after parsing runs there). The
 worker threads run ahead of the batch thread (``plan_threads``).
+
+A streamed table's plans are warmed a shuffle buffer-full ahead: the first batch of a buffer-full needs every
+chunk of it, so instead of all threads reading them together when that batch is made (while the trainer
+drains the batches queued), each plan of the buffer-full before reads its share of them (``_warm``). The
+cache holds two buffer-fulls, the one being gathered and the one being warmed.
 """
 from __future__ import annotations
 
@@ -66,6 +71,10 @@ class FeatureRunner:
         # Plans in flight: each thread finds its next plan queued when it finishes one.
         depth = max(self.prefetch, self.num_threads) + self.num_threads
         self._threads = PlanThreads(self.num_threads, depth)
+        # Plans a buffer-full (half the table's cache: ``Loader`` keeps two) ahead, where that is two plans or more.
+        ahead = int(getattr(source, "requested_cache_rows", 0)) // 2 // max(config.batch_size, 1)
+        self._warm_ahead = ahead if ahead >= 2 and hasattr(source, "first_row") else 0
+        self._warmed = self._prepared if self._prepared is not None else source
         self._ring = BufferRing(depth + self.prefetch + 4) if self.device.type == "cpu" else None
         # What goes into a batch's buffer: the crossing arrays, or (all on the CPU) the outputs.
         self._batch_arrays = BatchArrays(self._cpu_stages, self._crossing if self.on_gpu else tuple(spec.outputs),
@@ -77,7 +86,8 @@ class FeatureRunner:
         return self.source.skipped
 
     def batches(self, plans: Iterator[BatchPlan]) -> Iterator[tuple[dict[str, Any], BatchInfo]]:
-        made = self._threads.run(iter(plans), self._host_part)
+        made = self._threads.run(iter(plans), self._host_part, warm=self._warm if self._warm_ahead else None,
+                                 ahead=self._warm_ahead)
         try:
             for plan, host in made:
                 yield self._device_part(plan, host), BatchInfo(plan.epoch, plan.start + plan.indices.size, plan.last)
@@ -90,6 +100,17 @@ class FeatureRunner:
         for every run start with cold scratch arrays and memory, a page fault at every first touch (hundreds
         per batch)."""
         self._threads.keep()
+
+    def _warm(self, plan: BatchPlan, part: int, parts: int) -> None:
+        """Share ``part`` of ``parts`` of the chunks ``plan`` reads (those numbered ``part`` modulo ``parts``),
+        read ahead into the table's cache. The ``parts`` consecutive plans of a shuffled buffer-full each read
+        all its chunks, so together they read each once; an epoch's last buffer-full may have fewer plans, so
+        its last plan asks for all its chunks."""
+        first_row = self.source.first_row
+        touched = np.zeros(first_row.size, dtype=bool)
+        touched[np.searchsorted(first_row, plan.indices, side="right") - 1] = True
+        chunks = np.flatnonzero(touched)
+        self._warmed.warm((chunks if plan.last else chunks[chunks % parts == part]).tolist())
 
     # ---- the CPU part ---------------------------------------------------------------------------------
     def _cpu_data(self, plan: BatchPlan, out: dict[str, np.ndarray], timer: StageTimer = NO_TIMER) -> dict[str, Any]:

@@ -3,6 +3,10 @@
 Up to ``depth`` plans are in flight: each thread finds its next plan queued when it finishes one, so it need
 not be woken (a wake-up is a system call made holding the GIL, and costly on virtual machines); the batch
 thread is woken only for the plan it waits for (``_Doorbell``).
+
+A caller may also ask for plans to be warmed ``ahead`` plans before they are made (``warm``): each plan, as it
+is taken from the iterator, queues a warming task of its own (reading what it will need into a cache), so that
+work a plan would do in one burst (the chunks of a new shuffle buffer-full) is spread over the plans before it.
 """
 from __future__ import annotations
 
@@ -72,16 +76,33 @@ class PlanThreads:
         self.depth = depth
         self._pool: ThreadPoolExecutor | None = None
 
-    def run(self, plans: Iterator[BatchPlan], work: Callable[[BatchPlan], Any]) -> Iterator[tuple[BatchPlan, Any]]:
+    def run(self, plans: Iterator[BatchPlan], work: Callable[[BatchPlan], Any], *,
+            warm: Callable[[BatchPlan, int, int], Any] | None = None,
+            ahead: int = 0) -> Iterator[tuple[BatchPlan, Any]]:
         """``(plan, work(plan))`` in plan order; an error in ``work`` is raised here, noting the plan's rows.
+        ``warm(plan, k % ahead, ahead)`` (``k``: the plan's count in this run) is queued ``ahead`` plans before
+        ``work(plan)``; what it raises is ignored (``work`` meets the same error where it can be reported).
         Closing the generator cancels the plans not started."""
         pool = self._pool or ThreadPoolExecutor(self.num_threads, thread_name_prefix=THREAD_PREFIX)
         pending: deque = deque()
+        coming: deque = deque()  # plans taken from ``plans`` (and warming) but not yet submitted
+        warming: deque = deque()
+        taken = 0
         done = _Doorbell()
         try:
             while True:
                 while len(pending) < self.depth:
-                    plan = next(plans, None)
+                    while len(coming) <= (ahead if warm is not None else 0):
+                        plan = next(plans, None)
+                        if plan is None:
+                            break
+                        if warm is not None and ahead > 0:
+                            warming.append(pool.submit(warm, plan, taken % ahead, ahead))
+                            taken += 1
+                        coming.append(plan)
+                    while warming and warming[0].done():
+                        warming.popleft()
+                    plan = coming.popleft() if coming else None
                     if plan is None:
                         break
                     future = pool.submit(work, plan)
@@ -101,12 +122,12 @@ class PlanThreads:
                     raise
                 yield plan, made
         finally:
-            for _, future in pending:
+            for future in [future for _, future in pending] + list(warming):
                 future.cancel()
             if pool is not self._pool:
                 pool.shutdown(wait=may_join(), cancel_futures=True)
             elif may_join():  # kept threads: the work already running ends with the stream
-                wait([future for _, future in pending])
+                wait([future for _, future in pending] + list(warming))
             done.close()
 
     def keep(self) -> None:

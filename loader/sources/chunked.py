@@ -177,6 +177,14 @@ class ChunkedTable:
             return chunk, False
         return self._load(c), True
 
+    def warm(self, chunks: list[int]) -> None:
+        """The chunks of ``chunks`` that nobody holds or reads, read into the cache now, ahead of the batches
+        that will need them. A chunk that fails is left for the batch that needs it to meet the error."""
+        try:
+            self._cache.load_missing(chunks, self._load)
+        except Exception:
+            pass
+
     def release_raw(self, chunk: PackedChunk) -> None:
         """An owned chunk of ``load_raw`` that nothing reads any more: its buffer is read into again."""
         self._cache.release(chunk)

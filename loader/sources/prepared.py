@@ -161,6 +161,24 @@ class PreparedRows:
                 pending = [c for c, _ in waiting if c not in self._held]  # (one whose preparer failed: again)
         return spent
 
+    def warm(self, chunks: list[int]) -> None:
+        """The chunks of ``chunks`` that nobody holds or prepares, prepared now, ahead of the batches that will
+        need them (others' are not waited for). A chunk that fails is left unprepared, for the batch that needs
+        it to meet the error (a waiting batch prepares it again)."""
+        for c in chunks:
+            with self._lock:
+                if c in self._held or c in self._loading:
+                    continue
+                loading = self._loading[c] = _Loading()
+            try:
+                self._load(c)
+            except Exception:
+                pass
+            finally:
+                with self._lock:
+                    del self._loading[c]
+                loading.done.set()
+
     def _load(self, c: int) -> None:
         table = self.table
         rows = int(table.chunk_rows[c])
@@ -182,6 +200,7 @@ class PreparedRows:
                     self._seconds = np.concatenate([self._seconds, np.zeros((self._seconds.shape[0], 1))], axis=1)
             self._seconds[c] = [seconds.get(stage, 0.0) for stage in self._stages]
             self._uncharged[c] = rows
+            self._stamps[c] = self._clock  # as recent as the latest batch: not the first dropped
             self.blocks.set(c, block)
             self._held[c] = held
             self._held_rows += rows
