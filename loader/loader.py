@@ -23,6 +23,7 @@ from .runners import Runner, RunnerConfig, make_runner
 from .runners.remote import RayWorkers, RemoteRunner
 from .sampler import STATE_VERSION, EpochSampler, LastBatch, parse_last_batch
 from .saved_state import check_resumable, configuration
+from .skip_log import SkipLog
 from .sources import ChunkedTable, open_source
 from .sources.image_headers import DEFAULT_MAX_PIXELS
 from .stats import DeliveryMeter
@@ -65,7 +66,9 @@ class Loader:
         self.placer = PlacementController(pipeline, placement, remote=remote,
                                           device=None if device is None else parse_device(device))
         self.shuffle_buffer = shuffle_buffer_rows(pipeline, shuffle_buffer)
-        self.source = open_source(pipeline.source, cache_rows=2 * (self.shuffle_buffer or 0))
+        # Every sample left out, whoever met it: this Loader's runners, its table source, its remote workers.
+        self.skips = SkipLog()
+        self.source = open_source(pipeline.source, cache_rows=2 * (self.shuffle_buffer or 0), skips=self.skips)
         self.sampler = self._order(batch_size, seed, shuffle=pipeline.default_shuffle if shuffle is None else shuffle,
                                    rank=rank, world_size=world_size, last_batch=parse_last_batch(last_batch))
         self.placer.attach(RunnerConfig(self.placer.cut, self.placer.device, self.sampler.batch_size,
@@ -74,7 +77,6 @@ class Loader:
                            runners=self._local_runner, orders=self._probe_order, group_rows=self.shuffle_buffer,
                            follow=self._follow)
         self._runner: Runner = self._runner_for(self.config)
-        self._earlier_skips: list[Skipped] = []  # listed by runners this Loader has since replaced
         self.cursor = Cursor()
         self.epoch_summaries: dict[int, dict[str, int]] = {}
         self.meter = DeliveryMeter()  # what the trainer got and waited for over its last batches (``stats``)
@@ -84,13 +86,15 @@ class Loader:
         self._process = ProcessGuard()
 
     def _local_runner(self, config: RunnerConfig) -> Runner:
+        """A runner of its own skips (images): for probing placements, and a remote runner's local side."""
         return make_runner(self.pipeline, self.source, config)
 
     def _runner_for(self, config: RunnerConfig) -> Runner:
+        """The runner that makes the trainer's batches, listing what it leaves out in this Loader's log."""
         if self.placer.remote_workers is not None:
             return RemoteRunner(self.pipeline, self.source, config, self.placer.remote_workers, self._local_runner,
-                                group_rows=self.shuffle_buffer)
-        return self._local_runner(config)
+                                group_rows=self.shuffle_buffer, skips=self.skips)
+        return make_runner(self.pipeline, self.source, config, skips=self.skips)
 
     def _order(self, batch_size: int, seed: int, **kwargs):
         """The order of this Loader's source: an exact permutation of samples, or, for a streamed table,
@@ -132,9 +136,8 @@ class Loader:
 
     @property
     def skipped(self) -> list[Skipped]:
-        """Every sample left out with ``on_error="skip"``, once each, in the order met."""
-        seen = {(s.where, s.index) for s in self._earlier_skips}
-        return self._earlier_skips + [s for s in self._runner.skipped if (s.where, s.index) not in seen]
+        """Every sample left out with ``on_error="skip"``, once each, in the order met (``SkipLog``)."""
+        return list(self.skips.skipped)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration run ``epoch`` from its start (as ``DistributedSampler.set_epoch``)."""
@@ -213,7 +216,6 @@ class Loader:
         """Run from now on with the controller's new ``config``: the next stream starts after the last delivered
         batch, so nothing made but not delivered is lost or repeated."""
         self._close_stream()
-        self._earlier_skips = self.skipped
         self._runner.close()
         self._runner = self._runner_for(config)
         self._open_stream()
@@ -237,7 +239,7 @@ class Loader:
             earlier = [Skipped(*entry) for entry in state.get("skipped", [])]
         except TypeError:
             raise ValueError("state has an invalid 'skipped' list") from None
-        self._earlier_skips = earlier + [k for k in self._earlier_skips if k not in earlier]
+        self.skips.load(earlier)
 
     def profile(self, batches: int = 40, *, trainer_step_ms: float | str | None = None,
                 train_step: Callable[[dict], Any] | None = None):

@@ -117,11 +117,11 @@ def test_a_replan_that_moves_the_cut_mid_epoch_delivers_the_cpu_batches(image_di
     cpu = torch.device("cpu")
     built = []
 
-    def make_runner(pipeline, source, config):
+    def make_runner(pipeline, source, config, skips=None):
         built.append(config.cut)
         if config.cut < EMULATED_GPU_CUT:
             return NeedsDaliOnAGpu(config.cut)
-        real = ImageRunner(pipeline, source, dataclasses.replace(config, device=cpu), gpu=cpu)
+        real = ImageRunner(pipeline, source, dataclasses.replace(config, device=cpu), gpu=cpu, skips=skips)
         return TaggedRunner(real, config.cut)
 
     monkeypatch.setattr(loader_module, "make_runner", make_runner)

@@ -52,10 +52,10 @@ def test_gpu_failure_falls_back_to_cpu_without_losing_a_batch(image_dir, monkeyp
     cpu = as_if_on_a_gpu(monkeypatch)
     make = loader_module.make_runner
 
-    def make_runner(pipeline, source, config):
+    def make_runner(pipeline, source, config, **kwargs):
         if config.cut == spec.all_cpu:
-            return make(pipeline, source, dataclasses.replace(config, device=cpu))
-        real = make(pipeline, source, dataclasses.replace(config, cut=spec.all_cpu, device=cpu))
+            return make(pipeline, source, dataclasses.replace(config, device=cpu), **kwargs)
+        real = make(pipeline, source, dataclasses.replace(config, cut=spec.all_cpu, device=cpu), **kwargs)
         return FailingGpuRunner(real, good=2, error=error)
 
     monkeypatch.setattr(loader_module, "make_runner", make_runner)
@@ -163,8 +163,8 @@ def test_the_loader_falls_back_when_dali_fails_on_the_gpu(image_dir, monkeypatch
     cpu = as_if_on_a_gpu(monkeypatch)
     make = loader_module.make_runner
 
-    def make_runner(pipeline, source, config):
-        runner = make(pipeline, source, dataclasses.replace(config, cut=spec.all_cpu, device=cpu))
+    def make_runner(pipeline, source, config, **kwargs):
+        runner = make(pipeline, source, dataclasses.replace(config, cut=spec.all_cpu, device=cpu), **kwargs)
         return runner if config.cut == spec.all_cpu else failing_at_dali(runner, message, 2, at_build)
 
     monkeypatch.setattr(loader_module, "make_runner", make_runner)

@@ -34,6 +34,7 @@ SUBLAYERS = {
 # a package of its own in the cycle check (in loader/ and pipelines/ they sit beside the files of the top layer).
 SHARED_LEAVES = {
     "loader.errors": "DataError and PlacementError, raised by every layer",
+    "loader.skip_log": "the one log of skipped samples, written by sources, runners and the Loader",
     "loader.devices": "is there a GPU, and how many cores: asked by placement and the image runner",
     "loader.sampler": "the epoch's sample order, which runners, placement and the Loader share",
     "pipelines.stage": "the Stage declaration that image stages subclass",
@@ -294,6 +295,7 @@ GOOD_TREE = {
     "pipelines/imaging/__init__.py": "",
     "ops/hashing.py": "import numpy\n",
     "pipelines/stage.py": "", "pipelines/geometry.py": "", "pipelines/validate.py": "", "loader/devices.py": "", "loader/sampler.py": "",
+    "loader/skip_log.py": "from .errors import DataError\n",
     "pipelines/spec.py": "from .. import ops\nfrom ..ops.hashing import murmur\n",
     "pipelines/imaging/crop.py": "from ..stage import Stage\n",
     "loader/errors.py": "from ..pipelines.spec import x\n",

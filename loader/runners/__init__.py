@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 from ...pipelines.spec import PipelineSpec
+from ..skip_log import SkipLog
 from ..sources import ImageFiles
 from .contract import BatchInfo, Runner, RunnerConfig, StageTimes
 
 
-def make_runner(spec: PipelineSpec, source, config: RunnerConfig) -> Runner:
-    """The runner for ``spec`` over its opened ``source`` (``feedline.loader.sources.open_source``)."""
+def make_runner(spec: PipelineSpec, source, config: RunnerConfig, *, skips: SkipLog | None = None) -> Runner:
+    """The runner for ``spec`` over its opened ``source`` (``feedline.loader.sources.open_source``). The images
+    it leaves out go to ``skips`` (default: a log of its own); a table's bad rows go to its source's log, given
+    when the source was opened."""
     if isinstance(source, ImageFiles):
         from .image_runner import ImageRunner
-        return ImageRunner(spec, source, config)
+        return ImageRunner(spec, source, config, skips=skips)
     from .feature_runner import FeatureRunner
     return FeatureRunner(spec, source, config)
 

@@ -118,7 +118,7 @@ class StageTimes:
 
 
 class Runner(Protocol):
-    skipped: list[Skipped]  # every sample left out, once each, in the order met
+    skipped: list[Skipped]  # its SkipLog's list (the Loader's, or its own): every sample left out, once, in order met
 
     def batches(self, plans: Iterator[BatchPlan]) -> Iterator[tuple[dict | None, BatchInfo]]:
         """``(batch, info)`` in plan order. A runner may read ahead in ``plans`` and may form its own batches

@@ -13,12 +13,12 @@ import numpy as np
 from ...pipelines.image_params import StageParams
 from ..errors import DataError, OnError
 from ..sampler import BatchPlan
+from ..skip_log import SkipLog
 from ..sources.image_files import ImageFiles
 from . import image_graph
 from .contract import NO_TIMER, BatchInfo, RunnerConfig, SkipFill, StageTimer
 from .image_budget import PixelBudget, default_batch_pixels
 from .image_graph import ImageGraph
-from .skip_log import SkipLog
 
 
 @dataclass(frozen=True)
@@ -88,9 +88,11 @@ class HostBatch:
 
 class BatchFormer:
     """Forms the host part of the batches of one stream of plans at a time (``begin``); its state is the
-    samples still to form (``queue``), the epoch's progress, and the samples left out so far (``skips``)."""
+    samples still to form (``queue``) and the epoch's progress. The samples it leaves out go to ``skips`` (the
+    Loader's log, or one of its own)."""
 
-    def __init__(self, graph: ImageGraph, source: ImageFiles, config: RunnerConfig, read_stage: str):
+    def __init__(self, graph: ImageGraph, source: ImageFiles, config: RunnerConfig, read_stage: str,
+                 skips: SkipLog | None = None):
         self.graph = graph
         self.source = source
         self.params = StageParams(graph.stages)
@@ -104,7 +106,7 @@ class BatchFormer:
         self.read_stage = read_stage
         self._form: Callable[[], HostBatch | None] = {SkipFill.FROM_LATER_SAMPLES: self._fill_from_later,
                                                       SkipFill.PADDING: self._own_plan}[config.skip_fill]
-        self.skips = SkipLog()
+        self.skips = SkipLog() if skips is None else skips
         self.undecodable: dict[int, DataError] = {}  # samples DALI failed on, raised again where they come back
         self.queue = SampleQueue(iter(()))
         self.fill: EpochFill | None = None
@@ -197,7 +199,7 @@ class BatchFormer:
             except DataError as err:
                 if self.on_error is OnError.RAISE:
                     raise
-                self.skips.add(err, sample.index, sample.epoch)
+                self.skips.add_error(err, sample.index, sample.epoch)
                 continue
             good.append(sample)
             encoded.append(data)
@@ -207,7 +209,7 @@ class BatchFormer:
                 k, error = self.budget.blame([s.index for s in good], sizes, pixels)
                 if self.on_error is OnError.RAISE:
                     raise error
-                self.skips.add(error, good[k].index, good[k].epoch)
+                self.skips.add_error(error, good[k].index, good[k].epoch)
                 pixels -= int(sizes[k][0]) * int(sizes[k][1])
                 del good[k], encoded[k], sizes[k]
 

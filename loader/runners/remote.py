@@ -47,6 +47,7 @@ import torch
 from ...pipelines.spec import PipelineSpec
 from ..errors import Skipped
 from ..sampler import BatchPlan
+from ..skip_log import SkipLog
 from . import remote_workers
 from .contract import BatchInfo, Runner, RunnerConfig, SkipFill, StageTimes
 from .feature_runner import MAX_PREFETCH
@@ -200,10 +201,13 @@ def batches_per_group(group_rows: int | None, batch_size: int) -> int:
 
 
 class RemoteRunner:
-    """The Runner contract over a local runner and Ray actors (the CPU placement only)."""
+    """The Runner contract over a local runner and Ray actors (the CPU placement only). The samples either side
+    leaves out go to ``skips`` (the Loader's log; default: one of its own) as their batches are taken, in plan
+    order: the workers' with their batches; the local runner's from its own log (images), or, for a table, by
+    the source it shares with the Loader, as it meets them."""
 
     def __init__(self, spec: PipelineSpec, source, config: RunnerConfig, workers: RayWorkers, make_local, *,
-                 group_rows: int | None = None):
+                 group_rows: int | None = None, skips: SkipLog | None = None):
         if group_rows is not None and (isinstance(group_rows, bool) or not isinstance(group_rows, int)
                                        or group_rows < 1):
             raise ValueError(f"group_rows must be a positive number of rows (a shuffle buffer-full) or None, "
@@ -245,9 +249,8 @@ class RemoteRunner:
         self.device = config.device
         # Plans dealt ahead of the one delivered next (twice as many where workers are slow: _slow_workers).
         self.window = (sum(self.in_flight) + LOCAL_IN_FLIGHT) * self.runs * self.group_plans
-        self.skipped: list[Skipped] = []
-        # A table's bad rows are listed by every process that reads their chunk: each (where, index) goes in once.
-        self._listed: set[tuple[str, int]] = set()
+        # A table's bad rows are listed by every process that reads their chunk: the log lists each once.
+        self.skips = SkipLog() if skips is None else skips
         self._local_noted = 0  # of the local runner's skips, those already noted
         self.remote_batches = 0
         self.wait_seconds = 0.0       # waiting for a worker's batch to be made and to arrive
@@ -363,8 +366,9 @@ class RemoteRunner:
         return batch, info, skipped
 
     def _note_local(self) -> None:
-        self._note(self.local.skipped[self._local_noted:])
-        self._local_noted = len(self.local.skipped)
+        new = self.local.skipped[self._local_noted:]
+        self._local_noted += len(new)
+        self._note(new)
 
     def _wait(self, job: Job) -> None:
         """Until the job's result (or its failure) is here: logged each ``stall_warning_s`` it is late, a
@@ -423,11 +427,12 @@ class RemoteRunner:
         except Exception:  # already finished, or Ray is gone
             pass
 
+    @property
+    def skipped(self) -> list[Skipped]:
+        return self.skips.skipped
+
     def _note(self, skips) -> None:
-        for skip in skips:
-            if (skip.where, skip.index) not in self._listed:
-                self._listed.add((skip.where, skip.index))
-                self.skipped.append(skip)
+        self.skips.add_all(skips)
 
     def profile(self, plans: list[BatchPlan]) -> StageTimes:
         return self.local.profile(plans)

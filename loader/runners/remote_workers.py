@@ -192,8 +192,9 @@ class Maker:
         try:
             for batch, info in hosted.runner.batches(iter(plans)):  # run to the stream's end: its pipeline is reset
                 made = time.perf_counter()
-                skipped = [dataclasses.astuple(s) for s in hosted.runner.skipped[hosted.reported:]]
-                hosted.reported = len(hosted.runner.skipped)
+                new = hosted.runner.skipped[hosted.reported:]  # (plan threads may list more meanwhile)
+                hosted.reported += len(new)
+                skipped = [dataclasses.astuple(s) for s in new]
                 out.append((as_arrays(batch), (info.epoch, info.end, info.last, info.skipped, made - started),
                             skipped, os.getpid()))
                 started = made

@@ -4,13 +4,15 @@ from __future__ import annotations
 from ...pipelines.image_sources import FileList, ImageFolder, ImageList, WebDataset
 from ...pipelines.tabular import FileFormat, TabularFiles
 from .image_files import ImageFiles, open_folder, open_image_list, open_list
+from ..skip_log import SkipLog
 from .chunked import ChunkedTable
 
 
-def open_source(declared, *, cache_rows: int = 1 << 18) -> ImageFiles | ChunkedTable:
+def open_source(declared, *, cache_rows: int = 1 << 18, skips: SkipLog | None = None) -> ImageFiles | ChunkedTable:
     """The opened source of a pipeline (``spec.source``): image files listed once, or tabular files indexed
     to be read chunk by chunk (``cache_rows``: parsed rows kept in memory at most). A Loader opens its source
-    once and shares it with every runner it builds."""
+    once and shares it with every runner it builds. A table lists its bad rows and files in ``skips`` (the
+    Loader's log; default: one of its own)."""
     if isinstance(declared, ImageFolder):
         return open_folder(declared)
     if isinstance(declared, FileList):
@@ -23,12 +25,13 @@ def open_source(declared, *, cache_rows: int = 1 << 18) -> ImageFiles | ChunkedT
     if isinstance(declared, TabularFiles):
         if declared.format in (FileFormat.TSV, FileFormat.CSV):
             from .text import TextFormat
-            return ChunkedTable(declared, TextFormat(declared), cache_rows=cache_rows)
+            return ChunkedTable(declared, TextFormat(declared), cache_rows=cache_rows, skips=skips)
         if declared.format is FileFormat.COLUMNAR:
             from .columnar import ColumnarFormat
-            return ChunkedTable(declared, ColumnarFormat(declared.columns), cache_rows=cache_rows)
+            return ChunkedTable(declared, ColumnarFormat(declared.columns), cache_rows=cache_rows,
+                                skips=skips)
         from .parquet import ParquetFormat
-        return ChunkedTable(declared, ParquetFormat(declared.columns), cache_rows=cache_rows)
+        return ChunkedTable(declared, ParquetFormat(declared.columns), cache_rows=cache_rows, skips=skips)
     raise TypeError(f"a pipeline's source must be an image folder, a file list, image paths, webdataset shards or "
                     f"tabular files, got {type(declared).__name__}")
 

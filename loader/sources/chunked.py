@@ -23,10 +23,10 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from ... import ops
-from ...pipelines.on_error import OnError
 from ...pipelines.own_files import is_own_file
 from ...pipelines.tabular import Column, ColumnKind, TabularFiles
 from ..errors import Skipped
+from ..skip_log import SkipLog
 from .chunk_cache import ChunkCache, PackedChunk
 from .table_rows import ListColumn, MissingFileError, RowError, Rows, ScalarColumn, bad_row, check_rows
 
@@ -107,17 +107,17 @@ class ChunkedTable:
     """An opened tabular source: ``num_rows`` rows over ``paths``, read by chunk through ``read(rows)``. Keeps
     at most ``cache_rows`` rows of parsed chunks, plus ``CHUNKS_BEYOND`` of the largest chunks."""
 
-    def __init__(self, files: TabularFiles, reader: ChunkFormat, *, cache_rows: int):
+    def __init__(self, files: TabularFiles, reader: ChunkFormat, *, cache_rows: int, skips: SkipLog | None = None):
         self.columns: tuple[Column, ...] = files.columns
         self.on_error = files.on_error
-        self.skipped: list[Skipped] = []
+        self.skips = SkipLog() if skips is None else skips  # bad rows and files met (``skipped``)
         self.paths = expand(files.paths)
         self.reader = reader
         indexes, self.file_of, groups = [], [], []
         for f, path in enumerate(self.paths):
             index = reader.index(path)
             if not index.rows.size or not index.rows.sum():
-                bad_row(self.on_error, self.skipped, path, None, "file is empty")
+                bad_row(self.on_error, self.skips, path, None, "file is empty")
             indexes.append(index)
             self.file_of += [f] * index.rows.size
             # A chunk of group -1 stands alone (read on its own); others share their group within the file.
@@ -141,7 +141,6 @@ class ChunkedTable:
         self._picks: dict[tuple, np.ndarray] = {}
         self._cache = ChunkCache(self.chunk_rows, self.cache_rows, reads_into=hasattr(reader, "load_block"))
         self._lock = threading.Lock()
-        self._met_bad: set[int] = set()
         self._prepared: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.bytes_per_row = sum(_size(p) for p in self.paths) / self.num_rows
         # Bytes a cached row takes (what a gather reads from): a format's own, else parsed blocks' (an int64 or
@@ -314,17 +313,17 @@ class ChunkedTable:
         for k, chunk, c in sorted(bads, key=lambda bad: bad[0]):  # in the order the rows were asked for
             self.note_bad(int(rows[k]), chunk, c)
 
+    @property
+    def skipped(self) -> list[Skipped]:
+        """The bad rows and files met so far with ``OnError.SKIP``, once each, in the order met."""
+        return self.skips.skipped
+
     def note_bad(self, row: int, chunk: PackedChunk, c: int) -> None:
         """Raise for a bad row, or list it (once)."""
-        with self._lock:
-            if row in self._met_bad:
-                return
-            if self.on_error is OnError.SKIP:
-                self._met_bad.add(row)
         f = int(self.file_of[c])
         local = row - int(self.first_row[c])
         line = int(self.indexes[f].lines[self.chunk_local[c]]) + local
-        bad_row(self.on_error, self.skipped, self.paths[f], line, chunk.reasons[local])
+        bad_row(self.on_error, self.skips, self.paths[f], line, chunk.reasons[local])
 
 
 def _size(path: str) -> int:

@@ -4,10 +4,10 @@ Opening indexes the files without reading their rows, so ``num_rows`` counts eve
 ones included, and a row's number is its place over the files. A row is checked when its chunk is first read:
 with ``OnError.RAISE`` a bad row raises :class:`RowError` naming file and 1-based line (Parquet: row); with
 ``OnError.SKIP`` it keeps its number, is delivered as an invalid slot (``valid`` False in the batch, zeros in
-its values), and is listed once in ``skipped``. So no good row moves, every good row is delivered exactly once
-whatever the order or sharding, and every rank's batches keep their size. Whole-file problems (a missing or
-empty file, a truncated gzip file, a Parquet file without a declared column) are found when the files are
-opened.
+its values), and is listed once, by where it is, in ``skipped`` (the table's ``SkipLog``). So no good row moves,
+every good row is delivered exactly once whatever the order or sharding, and every rank's batches keep their
+size. Whole-file problems (a missing or empty file, a truncated gzip file, a Parquet file without a declared
+column) are found when the files are opened.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from ...pipelines.on_error import OnError
 from ..errors import DataError, Skipped
+from ..skip_log import SkipLog
 
 
 class RowError(DataError):
@@ -67,11 +68,11 @@ class TabularReader(Protocol):
         ...
 
 
-def bad_row(on_error: OnError, skipped: list[Skipped], file: str, line: int | None, reason: str) -> None:
-    """Raise a RowError for the row, or (``OnError.SKIP``) list it in ``skipped``."""
+def bad_row(on_error: OnError, skips: SkipLog, file: str, line: int | None, reason: str) -> None:
+    """Raise a RowError for the row, or (``OnError.SKIP``) list it in ``skips`` (once: by where it is)."""
     if on_error is OnError.RAISE:
         raise RowError(file, line, reason)
-    skipped.append(Skipped(file if line is None else f"{file}:{line}", reason))
+    skips.add(Skipped(file if line is None else f"{file}:{line}", reason))
 
 
 def check_rows(rows: np.ndarray, num_rows: int) -> np.ndarray:
