@@ -14,7 +14,6 @@ finished ones (parsed text and Parquet are; a converted table's records are not,
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, Mapping
 
 import numpy as np
@@ -83,7 +82,7 @@ class Folded:
     def rows_of(self, source):
         """The source's prepared rows for these stages (shared with every runner folding the same ones)."""
         return source.prepared_rows((self.layout, self.parse, self.stages), self.layout,
-                                    lambda raw, block: self._prepare(source, raw, block), read_stage=self.parse.name)
+                                    lambda raw, block, clock: self._prepare(source, raw, block, clock), read_stage=self.parse.name)
 
     def read(self, prepared, rows: np.ndarray, out: Mapping[str, Any], *, charge: bool = False):
         """The batch of ``rows``: (its arrays, written into ``out``'s; bad rows; seconds charged per stage; thread
@@ -94,25 +93,25 @@ class Folded:
         return arrays, got.bad, got.charged, got.spent
 
     # ---- preparing a chunk (on whichever thread reads it first) ---------------------------------------------
-    def _prepare(self, source, raw, block: np.ndarray) -> dict[str, float]:
-        """Every row of the chunk ``raw`` through the stages into ``block``; thread seconds per stage."""
+    def _prepare(self, source, raw, block: np.ndarray, clock) -> dict[str, float]:
+        """Every row of the chunk ``raw`` through the stages into ``block``; seconds per stage by ``clock``."""
         seconds = dict.fromkeys(self.stage_names, 0.0)
         parse = self.parse.name
         rows = block.shape[0]
         for start in range(0, rows, RUN_ROWS):
             stop = min(rows, start + RUN_ROWS)
             out = self._scratch(stop - start)
-            began = time.thread_time()
+            began = clock()
             data = self.parse.read_chunk(source, raw, start, stop, out)
-            took = time.thread_time()
+            took = clock()
             seconds[parse] += took - began
             for stage in self.stages:
                 data.update(stage.run(data, np, out))
-                began, took = took, time.thread_time()
+                began, took = took, clock()
                 seconds[stage.name] += took - began
             label, dense, ids, more = (None if name is None else data[name] for name in self.names)
             ops.pack_rows(block, start, self.layout, label=label, dense=dense, ids=ids, more=more)
-            seconds[parse] += time.thread_time() - took
+            seconds[parse] += clock() - took
         return seconds
 
     def _scratch(self, rows: int) -> dict[str, np.ndarray]:

@@ -6,7 +6,10 @@ all for a table that fits in the cache.
 
 The blocks kept are bounded like the table's own cache (``cache_rows`` rows); the chunks a batch reads are
 pinned while it reads them, so that no other thread drops them meanwhile. Each block keeps what its
-preparation cost per stage (thread seconds), so that a profile charges every prepared row its share once.
+preparation cost per stage, so that a profile charges every prepared row its share once: thread seconds where
+a profile prepared it, wall seconds where batches did (reading a thread's CPU clock is a system call made
+holding the GIL, and on a busy machine one in a hundred deschedules the thread for milliseconds with the GIL
+held, stalling every other thread: the trainer's included).
 """
 from __future__ import annotations
 
@@ -52,9 +55,9 @@ class _Scratch:
 
 
 class PreparedRows:
-    """``table``'s rows as ``prepare(raw_chunk, block) -> {stage: thread seconds}`` writes them into a block of
-    ``layout`` (``raw_chunk``: the table's chunk as ``load_raw`` gives it). ``read_stage``: the stage that
-    reading a chunk is charged to."""
+    """``table``'s rows as ``prepare(raw_chunk, block, clock) -> {stage: seconds by clock}`` writes them into a
+    block of ``layout`` (``raw_chunk``: the table's chunk as ``load_raw`` gives it). ``read_stage``: the stage
+    that reading a chunk is charged to."""
 
     def __init__(self, table, layout: ops.RowLayout, prepare: Callable[[object, np.ndarray], dict],
                  *, read_stage: str):
@@ -92,7 +95,7 @@ class PreparedRows:
         with self._lock:
             self._pins[touched] += 1
         try:
-            spent = self._ensure(touched.tolist())
+            spent = self._ensure(touched.tolist(), time.thread_time if charge else time.perf_counter)
             ops.gather_rows(self.blocks, scratch.chunk, scratch.local, label=label, dense=dense, ids=ids, more=more)
             with self._lock:
                 self._clock += 1
@@ -122,10 +125,10 @@ class PreparedRows:
         return {stage: float(s) for stage, s in zip(self._stages, seconds.tolist())}
 
     # ---- preparing chunks -----------------------------------------------------------------------------
-    def _ensure(self, chunks: list[int]) -> float:
+    def _ensure(self, chunks: list[int], clock: Callable[[], float]) -> float:
         """Every chunk of ``chunks`` (pinned) prepared: those nobody holds or prepares by this thread, one at a
         time (threads start at different chunks, so that those reading one buffer-full share the work), then
-        waiting for the others'. Returns the thread seconds this thread spent preparing."""
+        waiting for the others'. Returns the seconds (by ``clock``) this thread spent preparing."""
         spent = 0.0
         start = threading.get_ident() % max(len(chunks), 1)
         pending = chunks[start:] + chunks[:start]
@@ -142,9 +145,9 @@ class PreparedRows:
                 if not mine:
                     waiting.append((c, loading))
                     continue
-                began = time.thread_time()
+                began = clock()
                 try:
-                    self._load(c)
+                    self._load(c, clock)
                 except BaseException as exc:
                     loading.error = exc
                     raise
@@ -152,7 +155,7 @@ class PreparedRows:
                     with self._lock:
                         del self._loading[c]
                     loading.done.set()
-                    spent += time.thread_time() - began
+                    spent += clock() - began
             for c, loading in waiting:
                 loading.done.wait()
                 if loading.error is not None:
@@ -171,7 +174,7 @@ class PreparedRows:
                     continue
                 loading = self._loading[c] = _Loading()
             try:
-                self._load(c)
+                self._load(c, time.perf_counter)
             except Exception:
                 pass
             finally:
@@ -179,15 +182,15 @@ class PreparedRows:
                     del self._loading[c]
                 loading.done.set()
 
-    def _load(self, c: int) -> None:
+    def _load(self, c: int, clock: Callable[[], float]) -> None:
         table = self.table
         rows = int(table.chunk_rows[c])
-        began = time.thread_time()
+        began = clock()
         raw, owned = table.load_raw(c)
-        read = time.thread_time() - began
+        read = clock() - began
         try:
             block = self._block(rows)
-            seconds = dict(self._prepare(raw, block))
+            seconds = dict(self._prepare(raw, block, clock))
             held = _Held(np.array(raw.bad) if raw.any_bad else None, dict(raw.reasons) if raw.any_bad else {})
         finally:
             if owned:
