@@ -117,3 +117,37 @@ def test_a_skip_met_before_and_after_a_move_and_after_a_resume_is_listed_once(fo
     assert len(logged) == 1 and logged[0].getMessage().endswith(f"img_000{BAD}.jpg: {saver.skipped[0].reason}")
     loader.close()
     saver.close()
+
+
+def test_a_tables_bad_rows_and_files_are_listed_once_across_a_move_and_a_resume(tmp_path, monkeypatch):
+    from feedline.datagen.synthetic_criteo import make_criteo
+    from feedline.pipelines.criteo import criteo
+
+    make_criteo(tmp_path / "good.tsv", 60, seed=3)
+    lines = (tmp_path / "good.tsv").read_text().splitlines()
+    lines.insert(4, "1\t2\tnot enough fields")
+    lines.insert(40, "x" * 10)
+    (tmp_path / "a.tsv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "b.tsv").write_text("")  # a whole file skipped when the table is opened
+    spec = criteo([str(tmp_path / "a.tsv"), str(tmp_path / "b.tsv")], table_sizes=100, on_error="skip")
+    expected = [str(tmp_path / "b.tsv"), f"{tmp_path / 'a.tsv'}:5", f"{tmp_path / 'a.tsv'}:41"]
+    whole = Loader(spec, batch_size=8, placement="cpu", shuffle=False)
+    good = good_indices(whole)
+    assert [s.where for s in whole.skipped] == expected and len(good) == 60
+
+    made = on_an_emulated_gpu(monkeypatch, spec)
+    loader = Loader(spec, batch_size=8, placement="gpu", shuffle=False)
+    assert good_indices(loader) == good
+    with pytest.warns(RuntimeWarning, match="continuing on the CPU placement"):
+        assert loader.placer.fall_back(torch.cuda.OutOfMemoryError("CUDA out of memory"))
+    assert len(made) == 2 and made[-1] == spec.all_cpu and loader.cut == spec.all_cpu
+    assert good_indices(loader) == good  # every bad row met again, on the new runner
+    assert loader.skipped == whole.skipped and loader.dataset.skipped == loader.skipped  # one list
+    resumed = Loader(spec, batch_size=8, placement="cpu", shuffle=False)
+    resumed.load_state_dict(loader.state_dict())
+    assert good_indices(resumed) == good
+    loader.load_state_dict(whole.state_dict())
+    assert good_indices(loader) == good
+    assert resumed.skipped == loader.skipped == whole.skipped
+    for each in (whole, loader, resumed):
+        each.close()
