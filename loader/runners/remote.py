@@ -202,9 +202,9 @@ def batches_per_group(group_rows: int | None, batch_size: int) -> int:
 
 class RemoteRunner:
     """The Runner contract over a local runner and Ray actors (the CPU placement only). The samples either side
-    leaves out go to ``skips`` (the Loader's log; default: one of its own) as their batches are taken, in plan
-    order: the workers' with their batches; the local runner's from its own log (images), or, for a table, by
-    the source it shares with the Loader, as it meets them."""
+    leaves out go to ``skips`` (the Loader's log; default: one of its own): the workers' as their batches are
+    taken, in plan order, and so the local runner's images (it keeps a log of its own); a table's bad rows met
+    locally go there when met, through the source that the local runner shares with the Loader."""
 
     def __init__(self, spec: PipelineSpec, source, config: RunnerConfig, workers: RayWorkers, make_local, *,
                  group_rows: int | None = None, skips: SkipLog | None = None):
