@@ -83,3 +83,11 @@ def test_random_values_round_trip():
     assert not parsed.bad.any()
     assert parsed.ints[:, 0].tolist() == values.tolist()
     assert parsed.ints[:, 1].tolist() == hexes.tolist()
+
+
+def test_count_byte_counts_as_bytes_count_does():
+    from feedline.loader.sources.text_parse import count_byte
+
+    rng = np.random.default_rng(7)
+    for data in (b"", b"\n", b"a\nb\n\n", rng.integers(0, 256, 100_003, dtype=np.uint8).tobytes()):
+        assert count_byte(np.frombuffer(data, np.uint8), 0x0A) == data.count(b"\n")

@@ -121,6 +121,15 @@ class TextChunk(NamedTuple):
 # ---- the kernel -----------------------------------------------------------------------------------------------
 
 @njit(nogil=True, cache=True)
+def count_byte(b, byte):
+    """How many bytes of the uint8 array ``b`` equal ``byte`` (without the GIL: ``bytes.count`` holds it)."""
+    n = 0
+    for i in range(b.size):
+        n += b[i] == byte
+    return n
+
+
+@njit(nogil=True, cache=True)
 def _murmur3(b, start, n, seed):
     """MurmurHash3_x86_32 of b[start:start+n] (int64 arithmetic, masked to 32 bits)."""
     h = seed & _MASK32

@@ -25,7 +25,7 @@ from .gzip_stream import GZIP_MAGIC, GzipError, GzipStream, Mark
 from .index_store import Fingerprint
 from .line_index import BLOCK_BYTES, LineScan, from_payload, is_long_line, long_line_reason, to_payload
 from .table_rows import RowError
-from .text_parse import TSV, Layout, TextSyntax, parse_text
+from .text_parse import TSV, Layout, TextSyntax, count_byte, parse_text
 
 log = logging.getLogger("feedline")
 MAX_MARKS = 64  # marks kept per gzip file being read (10-40 KB each): chunk starts of the last 64 MiB of text
@@ -130,7 +130,7 @@ def _pread(path: str, start: int, stop: int) -> tuple[bytes, bytes]:
 
 def _check_chunk(path: str, line: int, rows: int, last: bool, before: bytes, data: bytes, size: int) -> None:
     """That ``data`` is still the chunk the index describes: whole lines, ``rows`` of them."""
-    newlines = data.count(b"\n")
+    newlines = int(count_byte(np.frombuffer(data, np.uint8), 0x0A))  # (``bytes.count`` holds the GIL: 0.5 ms a MiB)
     whole = len(data) == size and before in (b"", b"\n") and (data.endswith(b"\n") or last)
     if not whole or newlines != rows - (not data.endswith(b"\n")):
         raise RowError(path, None, f"changed since it was indexed: lines {line}-{line + rows - 1} are no longer "
