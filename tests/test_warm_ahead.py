@@ -27,7 +27,7 @@ def loader_of(path, **kwargs):
 
 def test_every_chunk_a_batch_reads_was_warmed_before_the_batch_was_made(table):
     loader = loader_of(table)
-    runner = loader._runner
+    runner = loader.runner
     assert runner._warm_ahead == BUFFER // BATCH
     events = []
     warm, make = runner._warmed.warm, runner._host_part
@@ -66,7 +66,7 @@ def test_the_batches_are_those_made_without_reading_ahead(table):
     for ahead in (True, False):
         loader = loader_of(table)
         if not ahead:
-            loader._runner._warm_ahead = 0
+            loader.runner._warm_ahead = 0
         got.append([{k: v for k, v in b.items() if k != "sparse"} | dict(b["sparse"]) for b in loader])
     for a, b in zip(*got, strict=True):
         assert a.keys() == b.keys()
@@ -75,3 +75,12 @@ def test_the_batches_are_those_made_without_reading_ahead(table):
                 assert a[k] == b[k]
             else:
                 assert np.array_equal(np.asarray(a[k]), np.asarray(b[k])), k
+
+
+def test_a_table_smaller_than_the_buffer_is_read_ahead_no_more_than_itself(table):
+    """A buffer-full is at most the table: reading further ahead warmed the plans of epochs to come, thousands of
+    them for a tiny table (a second a Loader)."""
+    loader = Loader(criteo(table), batch_size=BATCH, placement="cpu", seed=3, shuffle_buffer=100_000,
+                    num_threads=1)
+    assert loader.runner._warm_ahead == ROWS // BATCH
+    assert sorted(i for b in loader for i in b["index"].tolist()) == list(range(ROWS))

@@ -72,7 +72,9 @@ class FeatureRunner:
         depth = max(self.prefetch, self.num_threads) + self.num_threads
         self._threads = PlanThreads(self.num_threads, depth)
         # Plans a buffer-full (half the table's cache: ``Loader`` keeps two) ahead, where that is two plans or more.
-        ahead = int(getattr(source, "requested_cache_rows", 0)) // 2 // max(config.batch_size, 1)
+        # (A buffer-full holds no more than the table: ahead of that, plans of later epochs would be warmed.)
+        window = min(int(getattr(source, "requested_cache_rows", 0)) // 2, int(getattr(source, "num_rows", 0)))
+        ahead = window // max(config.batch_size, 1)
         self._warm_ahead = ahead if ahead >= 2 and hasattr(source, "first_row") else 0
         self._warmed = self._prepared if self._prepared is not None else source
         self._ring = BufferRing(depth + self.prefetch + 4) if self.device.type == "cpu" else None
