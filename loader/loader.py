@@ -11,13 +11,14 @@ import torch
 from ..pipelines.spec import PipelineSpec
 from ..pipelines.validate import int_at_least
 from .background import BackgroundStream
+from .cache_policy import CacheSettings
 from .cursor import Cursor
 from .dataloader_habits import default_rank_world, refuse
 from .delivery import Delivered
 from .devices import parse_device
 from .errors import OnError, Skipped
 from .guards import Iterations, ProcessGuard
-from .loader_arguments import batch_pixels, on_error_of, shuffle_buffer_rows, work_counts
+from .loader_arguments import batch_pixels, cache_of, on_error_of, shuffle_buffer_rows, work_counts
 from .placement.controller import PlacementController
 from .runners import Runner, RunnerConfig, make_runner
 from .runners.remote import RayWorkers, RemoteRunner
@@ -53,7 +54,7 @@ class Loader:
                  world_size: int | None = None, num_threads: int | None = None, prefetch: int = 2,
                  on_error: OnError | str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS,
                  max_batch_pixels: int | None = None, shuffle_buffer: int | None = None,
-                 remote: RayWorkers | None = None, **dataloader_arguments):
+                 remote: RayWorkers | None = None, cache: CacheSettings | str = "auto", **dataloader_arguments):
         refuse(dataloader_arguments, self.__init__)
         if not isinstance(pipeline, PipelineSpec):
             raise TypeError(f"pipeline must be a feedline pipeline definition (e.g. feedline.pipelines.image.train"
@@ -63,6 +64,7 @@ class Loader:
         max_batch_pixels = batch_pixels(max_batch_pixels, max_pixels)
         self.pipeline = pipeline
         self.on_error = on_error_of(pipeline, on_error)
+        self.cache = cache_of(pipeline, cache)  # what may be cached (``cache_policy``); the runner decides
         self.placer = PlacementController(pipeline, placement, remote=remote,
                                           device=None if device is None else parse_device(device))
         self.shuffle_buffer = shuffle_buffer_rows(pipeline, shuffle_buffer)
@@ -73,7 +75,7 @@ class Loader:
                                    rank=rank, world_size=world_size, last_batch=parse_last_batch(last_batch))
         self.placer.attach(RunnerConfig(self.placer.cut, self.placer.device, self.sampler.batch_size,
                                         self.sampler.seed, num_threads, prefetch, self.on_error, max_pixels,
-                                        max_batch_pixels=max_batch_pixels),
+                                        max_batch_pixels=max_batch_pixels, cache=self.cache),
                            runners=self._local_runner, orders=self._probe_order, group_rows=self.shuffle_buffer,
                            follow=self._follow)
         self._runner: Runner = self._runner_for(self.config)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..pipelines.spec import PipelineSpec
 from ..pipelines.tabular import TabularFiles
 from ..pipelines.validate import int_in, positive_int
+from .cache_policy import CacheSettings, cache_settings
 from .devices import available_cores
 from .errors import OnError, parse_on_error
 from .stream_order import DEFAULT_BUFFER_ROWS
@@ -63,3 +64,13 @@ def on_error_of(pipeline: PipelineSpec, on_error: OnError | str | None) -> OnErr
                  if files is not None else "give it in one place, there or to the Loader")
         raise ValueError(f"Loader(on_error={chosen.value!r}) differs from on_error={value.value!r} {place}; {where}")
     return chosen
+
+
+def cache_of(pipeline: PipelineSpec, cache: object) -> CacheSettings:
+    """The ``cache`` argument checked: "auto", "on", "off" or a ``CacheSettings``; a cap on decoded images
+    only for an image pipeline."""
+    settings = cache_settings(cache)
+    if settings.decoded_max_side is not None and isinstance(pipeline.source, TabularFiles):
+        raise ValueError(f"cache=CacheSettings(decoded_max_side={settings.decoded_max_side}) caps decoded images; "
+                         f"pipeline {pipeline.name!r} reads tables")
+    return settings

@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Mapping, Protocol
 
 import torch
 
+from ..cache_policy import CacheMode, CacheSettings
 from ..errors import OnError, Skipped
 from ..sampler import BatchPlan
 
@@ -59,6 +60,7 @@ class RunnerConfig:
     max_pixels: int = 1 << 27
     max_batch_pixels: int | None = None  # decoded pixels per image batch (None: image runner's default_batch_pixels)
     skip_fill: SkipFill = SkipFill.FROM_LATER_SAMPLES
+    cache: CacheSettings = CacheSettings(CacheMode.OFF)  # the Loader's ``cache`` (its default: "auto")
 
 
 class StageTimer:
