@@ -302,6 +302,25 @@ def test_sequence_rows_equal_the_numpy_mapping(path):
         assert rows[i] == row_start[k] + p[i] - seq_start[k]
 
 
+def test_sequence_rows_of_a_shuffled_run_equal_the_numpy_mapping(path):
+    """A window's positions: a permutation of a run of consecutive positions (the kernel lays the run out in
+    order and reads it back), across pieces and past the end (padding wraps to the start)."""
+    sizes = rng.integers(1, 300, 40)
+    seq_start = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    row_start = rng.permutation(np.concatenate([[0], np.cumsum(sizes)[:-1]])).astype(np.int64)
+    total = int(sizes.sum())
+    for low, n in ((0, total), (123, 2_000), (total - 50, 400), (5, 1)):
+        positions = (low + rng.permutation(n)).astype(np.int64)
+        rows = np.empty(n, np.int64)
+        valid = np.empty(n, bool)
+        ops.sequence_rows(positions, 3, total, seq_start, row_start, rows, valid)
+        p = positions + 3
+        assert np.array_equal(valid, p < total)
+        p = np.where(p < total, p, p % total)
+        k = np.searchsorted(seq_start, p, side="right") - 1
+        assert np.array_equal(rows, row_start[k] + p - seq_start[k])
+
+
 def test_one_per_row(path):
     lengths = np.full(1001, 9, np.int32)
     offsets = np.full(1002, 9, np.int64)

@@ -77,6 +77,7 @@ class FeatureRunner:
         ahead = window // max(config.batch_size, 1)
         self._warm_ahead = ahead if ahead >= 2 and hasattr(source, "first_row") else 0
         self._warmed = self._prepared if self._prepared is not None else source
+        self._chunk_step = _uniform_step(getattr(source, "first_row", None))
         self._ring = BufferRing(depth + self.prefetch + 4) if self.device.type == "cpu" else None
         # What goes into a batch's buffer: the crossing arrays, or (all on the CPU) the outputs.
         self._batch_arrays = BatchArrays(self._cpu_stages, self._crossing if self.on_gpu else tuple(spec.outputs),
@@ -110,7 +111,10 @@ class FeatureRunner:
         its last plan asks for all its chunks."""
         first_row = self.source.first_row
         touched = np.zeros(first_row.size, dtype=bool)
-        touched[np.searchsorted(first_row, plan.indices, side="right") - 1] = True
+        if self._chunk_step:  # chunks of equal rows (a converted table's): a division, not a search per row
+            touched[plan.indices // self._chunk_step] = True
+        else:
+            touched[np.searchsorted(first_row, plan.indices, side="right") - 1] = True
         chunks = np.flatnonzero(touched)
         self._warmed.warm((chunks if plan.last else chunks[chunks % parts == part]).tolist())
 
@@ -247,3 +251,12 @@ def _nbytes(value) -> float:
     if isinstance(value, (list, tuple)):
         return float(sum(_nbytes(v) for v in value))
     return float(getattr(value, "nbytes", 0))
+
+
+def _uniform_step(first_row: np.ndarray | None) -> int:
+    """The rows of every chunk but the last where they are all equal (chunk ``c`` then starts at ``c * step``),
+    else 0."""
+    if first_row is None or first_row.size < 2 or first_row[1] <= 0:
+        return 0
+    step = int(first_row[1])
+    return step if np.array_equal(first_row, np.arange(first_row.size, dtype=np.int64) * step) else 0
