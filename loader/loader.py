@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..pipelines.mix import MixSpec
 from ..pipelines.spec import PipelineSpec
 from ..pipelines.validate import int_at_least
 from .background import BackgroundStream
@@ -18,14 +19,17 @@ from .delivery import Delivered
 from .devices import parse_device
 from .errors import OnError, Skipped
 from .guards import Iterations, ProcessGuard
+from .mix_order import MixOrder
 from .loader_arguments import batch_pixels, cache_of, on_error_of, shuffle_buffer_rows, work_counts
 from .placement.controller import PlacementController
 from .runners import Runner, RunnerConfig, make_runner
+from .runners.mix_runner import MixRunner
 from .runners.remote import RayWorkers, RemoteRunner
 from .sampler import STATE_VERSION, EpochSampler, LastBatch, parse_last_batch
 from .saved_state import check_resumable, configuration
 from .skip_log import SkipLog
 from .sources import ChunkedTable, open_source
+from .sources.mixed import MixedSources
 from .sources.image_headers import DEFAULT_MAX_PIXELS
 from .stats import DeliveryMeter
 from .stream_order import StreamOrder
@@ -70,7 +74,7 @@ class Loader:
         self.shuffle_buffer = shuffle_buffer_rows(pipeline, shuffle_buffer)
         # Every sample left out, whoever met it: this Loader's runners, its table source, its remote workers.
         self.skips = SkipLog()
-        self.source = open_source(pipeline.source, cache_rows=2 * (self.shuffle_buffer or 0), skips=self.skips)
+        self.source = self._open_source(pipeline)
         self.sampler = self._order(batch_size, seed, shuffle=pipeline.default_shuffle if shuffle is None else shuffle,
                                    rank=rank, world_size=world_size, last_batch=parse_last_batch(last_batch))
         self.placer.attach(RunnerConfig(self.placer.cut, self.placer.device, self.sampler.batch_size,
@@ -87,12 +91,26 @@ class Loader:
         self._iterations = Iterations()
         self._process = ProcessGuard()
 
+    def _open_source(self, pipeline: PipelineSpec):
+        """The pipeline's source opened once (a mix: each of its sources), shared by every runner."""
+        def open_one(declared):
+            return open_source(declared, cache_rows=2 * (self.shuffle_buffer or 0), skips=self.skips)
+        return MixedSources(pipeline, open_one) if isinstance(pipeline, MixSpec) else open_one(pipeline.source)
+
     def _local_runner(self, config: RunnerConfig) -> Runner:
         """A runner of its own skips (images): for probing placements, and a remote runner's local side."""
+        if isinstance(self.source, MixedSources):
+            return MixRunner(self.pipeline, self.source, config, make_runner)
         return make_runner(self.pipeline, self.source, config)
 
     def _runner_for(self, config: RunnerConfig) -> Runner:
         """The runner that makes the trainer's batches, listing what it leaves out in this Loader's log."""
+        if isinstance(self.source, MixedSources):
+            if self.placer.remote_workers is not None:
+                raise ValueError("remote workers do not run a mix yet: give the Loader remote=None, or run each "
+                                 "source's Loader with remote workers")
+            return MixRunner(self.pipeline, self.source, config,
+                             lambda spec, source, cfg: make_runner(spec, source, cfg, skips=self.skips))
         if self.placer.remote_workers is not None:
             return RemoteRunner(self.pipeline, self.source, config, self.placer.remote_workers, self._local_runner,
                                 group_rows=self.shuffle_buffer, skips=self.skips)
@@ -101,6 +119,9 @@ class Loader:
     def _order(self, batch_size: int, seed: int, **kwargs):
         """The order of this Loader's source: an exact permutation of samples, or, for a streamed table,
         chunks and a shuffle buffer (``stream_order``)."""
+        if isinstance(self.source, MixedSources):
+            return MixOrder(self.pipeline, self.source, batch_size, seed=seed, buffer_rows=self.shuffle_buffer,
+                            **kwargs)
         if isinstance(self.source, ChunkedTable):
             return StreamOrder(self.source.chunk_rows, self.source.chunk_groups, batch_size, seed=seed,
                                buffer_rows=self.shuffle_buffer, **kwargs)
@@ -127,8 +148,30 @@ class Loader:
 
     @property
     def dataset(self):
-        """The opened source (``len(loader.dataset)`` samples; for images also ``paths``, ``labels``, ``classes``)."""
+        """The opened source (``len(loader.dataset)`` samples; for images also ``paths``, ``labels``, ``classes``;
+        for a mix, ``names``, ``parts`` (each source opened) and ``offsets``)."""
         return self.source
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """A mix's weights now (normalised), by source name; the names in order are ``pipeline.names``."""
+        if not isinstance(self.sampler, MixOrder):
+            raise TypeError(f"pipeline {self.pipeline.name!r} is not a mix (feedline.pipelines.mix): it has no weights")
+        return self.sampler.weights
+
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """A mix draws with ``weights`` (source name -> positive weight, every source named) from the next batch
+        the trainer gets on: batches made ahead (``prefetch``) but not yet delivered are made again with the new
+        weights, so the switch falls at the same batch whatever the threads' timing, and a state saved later
+        resumes with the weights in force (``state_dict`` keeps them, with where each change began)."""
+        if not isinstance(self.sampler, MixOrder):
+            raise TypeError(f"set_weights: pipeline {self.pipeline.name!r} is not a mix (feedline.pipelines.mix)")
+        epoch, place = self.cursor.next_sample
+        running = self._stream is not None
+        self._close_stream()
+        self.sampler.set_weights(weights, epoch, place)
+        if running:
+            self._open_stream()
 
     @property
     def plan(self) -> dict[str, Any]:
@@ -228,13 +271,16 @@ class Loader:
         batch, never halfway)."""
         return {"version": STATE_VERSION, **self.cursor.state(),
                 "skipped": [[k.where, k.reason, k.index, k.epoch] for k in self.skipped],
-                "config": configuration(self.sampler, self.pipeline.name, self.on_error.value, self.shuffle_buffer)}
+                "config": configuration(self.sampler, self.pipeline.name, self.on_error.value, self.shuffle_buffer),
+                **({"mix": self.sampler.state()} if isinstance(self.sampler, MixOrder) else {})}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a feedline Loader state of version {STATE_VERSION}: "
                              f"{state.get('version') if isinstance(state, Mapping) else type(state).__name__}")
         check_resumable(state.get("config", {}), self.state_dict()["config"])
+        if isinstance(self.sampler, MixOrder):  # (first: an epoch's length can follow its weights)
+            self.sampler.load(state.get("mix", {}))
         self.cursor.load(state, self.sampler.shard_size)
         self._close_stream()
         try:

@@ -1,0 +1,215 @@
+"""Runs a mix: one runner per source, each with its own stages, placement and read-ahead; every mixed plan is
+split into one plan per (source, own epoch) it draws from, and their batches are put back in the plan's order.
+
+The sources' runners run side by side: each pulls its own plans as far ahead as it reads (``_Split`` hands
+them out, reading the mixed plans as far as the furthest runner asks), so their prefetch overlaps. Each source
+runner makes every plan's batch from that plan alone (``SkipFill.PADDING``), so a source's k-th batch is its
+k-th plan's; a sample left out (``on_error="skip"``) leaves its place in the mixed batch invalid.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import deque
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from ...pipelines.mix import MixSpec
+from ..sampler import BatchPlan
+from ..sources.mixed import MixedSources, MixPlan, part_seed
+from .contract import NO_TIMER, BatchInfo, RunnerConfig, SkipFill, StageTimer, StageTimes
+
+
+class _Split:
+    """Mixed plans in, one plan stream per source out (thread-safe: a runner may pull from its own threads)."""
+
+    def __init__(self, plans: Iterator[MixPlan], parts: int):
+        self._plans = plans
+        self._lock = threading.Lock()
+        self._queues = [deque() for _ in range(parts)]
+        self._made: deque = deque()  # (plan, [(source, places in the batch)]) in plan order
+        self._over = False
+
+    def _pull(self) -> bool:
+        """Split the next mixed plan (called holding the lock); False at the end of the plans."""
+        if self._over:
+            return False
+        plan = next(self._plans, None)
+        if plan is None:
+            self._over = True
+            return False
+        pieces = []
+        key = plan.sources * (int(plan.source_epochs.max()) + 1) + plan.source_epochs
+        for k in np.unique(key).tolist():
+            places = np.flatnonzero(key == k)
+            source = int(plan.sources[places[0]])
+            sub = BatchPlan(plan.local[places], plan.valid[places], int(plan.source_epochs[places[0]]),
+                            0, False, plan.batch, None)
+            self._queues[source].append(sub)
+            pieces.append((source, places))
+        self._made.append((plan, pieces))
+        return True
+
+    def stream(self, source: int) -> Iterator[BatchPlan]:
+        queue = self._queues[source]
+        while True:
+            with self._lock:
+                while not queue and self._pull():
+                    pass
+                if not queue:
+                    return
+                sub = queue.popleft()
+            yield sub
+
+    def next_made(self):
+        with self._lock:
+            while not self._made and self._pull():
+                pass
+            return self._made.popleft() if self._made else None
+
+
+class MixRunner:
+    """The ``Runner`` of a ``MixSpec`` over its ``MixedSources``; ``make(spec, source, config)`` makes each
+    source's runner (``make_runner`` with the Loader's skip log). Batches hold ``source`` beside ``index``."""
+
+    def __init__(self, spec: MixSpec, sources: MixedSources, config: RunnerConfig,
+                 make: Callable[[Any, Any, RunnerConfig], Any]):
+        self.spec = spec
+        self.sources = sources
+        self.runners = [make(part, source, dataclasses.replace(config, cut=spec.cut_for(k, config.cut),
+                                                               seed=part_seed(config.seed, k),
+                                                               skip_fill=SkipFill.PADDING))
+                        for k, (part, source) in enumerate(zip(spec.parts, sources.parts))]
+
+    @property
+    def skipped(self):
+        seen, out = set(), []
+        for runner in self.runners:
+            if id(runner.skipped) not in seen:
+                seen.add(id(runner.skipped))
+                out.extend(runner.skipped)
+        return out
+
+    def batches(self, plans: Iterator[MixPlan], timer: StageTimer = NO_TIMER
+                ) -> Iterator[tuple[dict, BatchInfo]]:
+        split = _Split(iter(plans), len(self.runners))
+        made = [runner.batches(split.stream(k)) for k, runner in enumerate(self.runners)]
+        try:
+            while (next_plan := split.next_made()) is not None:
+                plan, pieces = next_plan
+                parts = [(places, next(made[source])[0]) for source, places in pieces]
+                batch = merge(plan, parts, self.spec.outputs)
+                yield batch, BatchInfo(plan.epoch, plan.start + plan.indices.size, plan.last)
+        finally:
+            for generator in made:
+                generator.close()
+
+    def profile(self, plans: list[MixPlan]) -> StageTimes:
+        """Each source's runner profiled on its share of the plans; the first source's stage names carry the
+        seconds of every source (summed by position in the stages)."""
+        split = _Split(iter(plans), len(self.runners))
+        while split.next_made() is not None:
+            pass
+        results = [runner.profile(list(split.stream(k))) for k, runner in enumerate(self.runners)
+                   if split._queues[k]]
+        samples = sum(r.samples for r in results)
+        first = [s.name for s in self.spec.stages]
+        seconds = {name: 0.0 for name in first}
+        bytes_out = {name: 0.0 for name in first}
+        source_bytes = 0.0
+        for r, part in zip(results, self.spec.parts):
+            names = [s.name for s in part.stages]
+            for k, name in enumerate(names[:len(first)]):
+                seconds[first[k]] += r.seconds.get(name, 0.0)
+                bytes_out[first[k]] += r.bytes_out.get(name, 0.0) * r.samples / max(samples, 1)
+            source_bytes += r.source_bytes_per_sample * r.samples / max(samples, 1)
+        together = results[0].together if results else {}
+        return StageTimes(samples, seconds, bytes_out, source_bytes, together)
+
+    def close(self) -> None:
+        for runner in self.runners:
+            runner.close()
+
+
+def _rows_of(sub: dict, expected: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Which row of a source's batch holds each of its places: None where they are in order (no sample left
+    out); else the rows, and which places hold a sample (a left-out one's row is one of the padding rows)."""
+    got = sub["index"].cpu().numpy()
+    if got.size == expected.size and np.array_equal(got, expected):
+        return None, None
+    rows = np.empty(expected.size, dtype=np.int64)
+    good = np.zeros(expected.size, dtype=bool)
+    pointer, padding = 0, int((got != -1).sum())
+    for j, want in enumerate(expected.tolist()):  # (only where a sample was left out)
+        if pointer < got.size and got[pointer] == want:
+            rows[j], good[j] = pointer, True
+            pointer += 1
+        else:
+            rows[j], padding = min(padding, got.size - 1), padding + 1
+    return rows, good
+
+
+def merge(plan: MixPlan, parts: list[tuple[np.ndarray, dict]], outputs) -> dict:
+    """The batch of ``plan`` from its sources' batches (``(places, batch)``): every output in plan order, ``index``
+    the mix index, ``source`` the source number and ``valid`` where any place is invalid."""
+    size = plan.indices.size
+    valid = plan.valid.copy()
+    reorder = []
+    for places, sub in parts:
+        rows, good = _rows_of(sub, plan.local[places])
+        if good is not None:
+            valid[places] &= good
+        elif "valid" in sub:
+            valid[places] &= sub["valid"].cpu().numpy()
+        reorder.append((places, rows, sub))
+    if len(parts) == 1 and reorder[0][1] is None:
+        batch = {name: parts[0][1][name] for name in outputs}
+    else:
+        batch = {name: _merged(name, size, reorder) for name in outputs}
+    device = batch[outputs[0]].device if isinstance(batch[outputs[0]], torch.Tensor) else torch.device("cpu")
+    batch["index"] = torch.from_numpy(plan.indices).to(device)
+    batch["source"] = torch.from_numpy(plan.sources).to(device)
+    if not valid.all():
+        batch["valid"] = torch.from_numpy(valid).to(device)
+    return batch
+
+
+def _merged(name: str, size: int, reorder):
+    first = reorder[0][2][name]
+    if isinstance(first, dict):  # a KeyedJaggedTensor layout
+        return _merged_jagged(size, [(places, rows, sub[name]) for places, rows, sub in reorder])
+    out = torch.empty((size, *first.shape[1:]), dtype=first.dtype, device=first.device)
+    for places, rows, sub in reorder:
+        value = sub[name]
+        if rows is not None:
+            value = value.index_select(0, torch.from_numpy(rows).to(value.device))
+        out.index_copy_(0, torch.from_numpy(places).to(out.device), value)
+    return out
+
+
+def _merged_jagged(size: int, pieces) -> dict:
+    """Key-major jagged parts (``keys``, ``values``, ``lengths``, ``offsets``) put back in plan order."""
+    keys = list(pieces[0][2]["keys"])
+    k = len(keys)
+    device = pieces[0][2]["values"].device
+    lengths = torch.zeros((k, size), dtype=pieces[0][2]["lengths"].dtype, device=device)
+    starts = torch.zeros((k, size), dtype=torch.int64, device=device)
+    values, base = [], 0
+    for places, rows, jagged in pieces:
+        n = jagged["lengths"].numel() // k
+        at = torch.from_numpy(places).to(device)
+        take = torch.arange(n, device=device) if rows is None else torch.from_numpy(rows).to(device)
+        lengths[:, at] = jagged["lengths"].view(k, n)[:, take]
+        starts[:, at] = jagged["offsets"][:-1].view(k, n)[:, take] + base
+        values.append(jagged["values"])
+        base += jagged["values"].numel()
+    flat = lengths.reshape(-1).to(torch.int64)
+    offsets = torch.zeros(flat.numel() + 1, dtype=torch.int64, device=device)
+    torch.cumsum(flat, 0, out=offsets[1:])
+    total = int(offsets[-1])
+    gather = torch.repeat_interleave(starts.reshape(-1) - offsets[:-1], flat, output_size=total) \
+        + torch.arange(total, device=device)
+    return {"keys": keys, "values": torch.cat(values)[gather], "lengths": lengths.reshape(-1),
+            "offsets": offsets.to(pieces[0][2]["offsets"].dtype)}
