@@ -4,15 +4,18 @@ from __future__ import annotations
 from ...pipelines.image_sources import FileList, ImageFolder, ImageList, WebDataset
 from ...pipelines.tabular import FileFormat, TabularFiles
 from .image_files import ImageFiles, open_folder, open_image_list, open_list
+from ..cache_policy import CacheSettings
 from ..skip_log import SkipLog
 from .chunked import ChunkedTable
 
 
-def open_source(declared, *, cache_rows: int = 1 << 18, skips: SkipLog | None = None) -> ImageFiles | ChunkedTable:
+def open_source(declared, *, cache_rows: int = 1 << 18, skips: SkipLog | None = None,
+                cache: CacheSettings | None = None) -> ImageFiles | ChunkedTable:
     """The opened source of a pipeline (``spec.source``): image files listed once, or tabular files indexed
     to be read chunk by chunk (``cache_rows``: parsed rows kept in memory at most). A Loader opens its source
     once and shares it with every runner it builds. A table lists its bad rows and files in ``skips`` (the
-    Loader's log; default: one of its own)."""
+    Loader's log; default: one of its own). ``cache``: a text table's parsed chunks may be kept converted on
+    disk (``table_cache``; None: never)."""
     if isinstance(declared, ImageFolder):
         return open_folder(declared)
     if isinstance(declared, FileList):
@@ -24,8 +27,9 @@ def open_source(declared, *, cache_rows: int = 1 << 18, skips: SkipLog | None = 
         return open_webdataset(declared)
     if isinstance(declared, TabularFiles):
         if declared.format in (FileFormat.TSV, FileFormat.CSV):
-            from .text import TextFormat
-            return ChunkedTable(declared, TextFormat(declared), cache_rows=cache_rows, skips=skips)
+            from .table_cache import text_format
+            return ChunkedTable(declared, text_format(declared, cache, cache_rows), cache_rows=cache_rows,
+                                skips=skips)
         if declared.format is FileFormat.COLUMNAR:
             from .columnar import ColumnarFormat
             return ChunkedTable(declared, ColumnarFormat(declared.columns), cache_rows=cache_rows,

@@ -165,6 +165,8 @@ class ChunkedTable:
         if hasattr(self.reader, "load_block"):
             block = self.reader.load_block(self.paths[f], self.indexes[f], int(self.chunk_local[c]), self._cache.spare)
             return PackedChunk(block, {}, np.zeros(block.rows, dtype=bool), {}, False)
+        if hasattr(self.reader, "load_packed"):  # parsed, or read back as it was kept (``table_cache``)
+            return self.reader.load_packed(self.paths[f], self.indexes[f], int(self.chunk_local[c]), self._pack)
         return self._pack(self.reader.load(self.paths[f], self.indexes[f], int(self.chunk_local[c])))
 
     def load_raw(self, c: int) -> tuple[PackedChunk, bool]:

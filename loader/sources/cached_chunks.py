@@ -1,0 +1,231 @@
+"""Parsed chunks of a text table kept on disk in the converted form (``columnar``'s row records), one file per
+chunk, so that a later epoch or run reads a chunk with one ``preadv`` instead of parsing it again.
+
+A chunk file, little-endian: a header (``HEADER``: magic, the key of the folder it belongs to, rows, scalar
+columns, list columns, the bytes of the records part and of the rest, the seconds a row took to parse when it
+was written, the bad rows), one type code per scalar column (``ops.gather_columns.CODES``; integer columns in
+the narrowest type holding the chunk's values, float columns float64) padded to 8 bytes; then the records
+part exactly as a converted table's chunk (``columnar.RecordLayout``: records, then missing bits); then a JSON
+description of the bad rows (row, reason) and list columns, padded to 8 bytes, and the list columns' arrays.
+Every value is the parser's own, bad rows' included, so a chunk read back gives the bits parsing gives.
+
+A file is written under a temporary name (``O_EXCL|O_NOFOLLOW``) and renamed into place, so a reader (another
+thread, rank or run) sees a whole chunk or none; a file that is not exactly what its header says (cut short,
+another key, another shape) is not read, and its chunk is parsed instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import struct
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from ... import ops
+from ...ops.gather_columns import CODES, DTYPES
+from .columnar import RecordLayout, narrowest
+from .table_rows import ListColumn
+
+MAGIC = b"FLCHUNK1"
+HEADER = struct.Struct("<8s16sQIIQQdQ")  # magic, key, rows, columns, lists, records bytes, rest bytes, s/row, bad
+KEY_BYTES = 16
+STALE_TEMPORARY_S = 600.0  # a temporary chunk file this old was left by a process that died while writing it
+_INTEGER_CODES = frozenset(CODES[np.dtype(t)] for t in
+                           (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.int64))
+_FLOAT_CODE = CODES[np.dtype(np.float64)]
+
+
+def _padded(nbytes: int) -> int:
+    return -(-nbytes // 8) * 8
+
+
+def header_bytes(columns: int) -> int:
+    return _padded(HEADER.size + columns)
+
+
+def chunk_name(chunk: int) -> str:
+    return f"c{chunk:08d}.feedline-chunk"
+
+
+class ParsedChunk(NamedTuple):
+    """A chunk as the parser gave it: int64 [rows, integer columns], float64 [rows, float columns], bool missing
+    [rows, both], list columns by name, bad rows and their reasons (row within the chunk -> reason)."""
+
+    ints: np.ndarray
+    floats: np.ndarray
+    missing: np.ndarray
+    lists: dict
+    bad: np.ndarray
+    reasons: dict
+
+
+class StoredChunk(NamedTuple):
+    """A chunk read back: its scalar columns as a block of records, its list columns, its bad rows, the seconds
+    a row took to parse when it was written, and the file's size."""
+
+    block: ops.ColumnBlock
+    lists: dict
+    bad: np.ndarray
+    reasons: dict
+    parse_s_per_row: float
+    nbytes: int
+
+
+def encode(parsed: ParsedChunk, key: bytes, parse_s_per_row: float) -> list[bytes | np.ndarray]:
+    """The pieces of a chunk file, in order."""
+    rows, num_ints = parsed.ints.shape
+    num_floats = parsed.floats.shape[1]
+    if rows and num_ints:
+        low, high = parsed.ints.min(axis=0), parsed.ints.max(axis=0)
+        dtypes = [narrowest(int(a), int(b)) for a, b in zip(low, high)]
+    else:
+        dtypes = [np.dtype(np.uint8)] * num_ints
+    dtypes += [np.dtype(np.float64)] * num_floats
+    layout = RecordLayout(dtypes)
+    records = np.zeros(layout.chunk_bytes(rows), dtype=np.uint8)
+    fields = records[:rows * layout.record].reshape(rows, layout.record)
+    for j, dtype in enumerate(dtypes):
+        values = parsed.ints[:, j] if j < num_ints else parsed.floats[:, j - num_ints]
+        size = dtype.itemsize
+        fields[:, layout.offsets[j]:layout.offsets[j] + size] = (
+            values.astype(dtype.newbyteorder("<")).view(np.uint8).reshape(rows, size))
+    if dtypes:
+        flags_at = _padded(rows * layout.record)
+        bits = np.packbits(parsed.missing, axis=1, bitorder="little")
+        records[flags_at:flags_at + bits.size] = bits.reshape(-1)
+    bad = np.flatnonzero(parsed.bad)
+    arrays, lists = [], []
+    for name, column in parsed.lists.items():
+        offsets = np.ascontiguousarray(column.offsets, dtype="<i8")
+        values = np.ascontiguousarray(column.values, dtype="<i8")
+        lists.append([name, int(offsets.size), int(values.size)])
+        arrays += [offsets, values]
+    described = json.dumps({"bad": [[int(r), parsed.reasons[int(r)]] for r in bad], "lists": lists}).encode()
+    described += b" " * (_padded(len(described)) - len(described))
+    rest = 8 + len(described) + sum(a.nbytes for a in arrays)
+    codes = bytes(CODES[d] for d in dtypes)
+    head = HEADER.pack(MAGIC, key, rows, len(dtypes), len(lists), records.nbytes, rest, float(parse_s_per_row),
+                       bad.size) + codes
+    head += b"\0" * (header_bytes(len(dtypes)) - len(head))
+    return [head, records, struct.pack("<Q", len(described)), described, *arrays]
+
+
+def write(folder: str, chunk: int, pieces: list) -> int:
+    """The chunk file written into ``folder`` in one step (a temporary file renamed into place); its size."""
+    return write_file(os.path.join(folder, chunk_name(chunk)), pieces)
+
+
+def write_file(target: str, pieces: list) -> int:
+    """``pieces`` written to ``target`` in one step: a temporary file (never following a link planted at its
+    name) renamed into place; the size written."""
+    temporary = f"{target}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(temporary, flags, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fd = -1
+            for piece in pieces:
+                f.write(piece)
+            size = f.tell()
+        os.replace(temporary, target)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+    return size
+
+
+def read(folder: str, chunk: int, key: bytes, rows: int, columns: int, list_names: tuple[str, ...]
+         ) -> StoredChunk | None:
+    """Chunk ``chunk`` of ``rows`` rows from ``folder``, or None where it is absent or not a whole chunk file of
+    this key and shape."""
+    try:
+        fd = os.open(os.path.join(folder, chunk_name(chunk)),
+                     os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        head_size = header_bytes(columns)
+        head = os.pread(fd, head_size, 0)
+        if len(head) != head_size:
+            return None
+        magic, stored_key, stored_rows, stored_columns, num_lists, records_size, rest_size, parse_s, num_bad = \
+            HEADER.unpack_from(head)
+        codes = head[HEADER.size:HEADER.size + columns]
+        if (magic != MAGIC or stored_key != key or stored_rows != rows or stored_columns != columns
+                or num_lists != len(list_names) or size != head_size + records_size + rest_size or rest_size < 8
+                or not all(c in _INTEGER_CODES or c == _FLOAT_CODE for c in codes)
+                or not (np.isfinite(parse_s) and parse_s >= 0)):
+            return None
+        layout = RecordLayout([DTYPES[c] for c in codes])
+        if layout.chunk_bytes(rows) != records_size:
+            return None
+        data = np.empty(max(records_size, 8), dtype=np.uint8)
+        rest = bytearray(rest_size)
+        if os.preadv(fd, [memoryview(data)[:records_size], rest], head_size) != records_size + rest_size:
+            return None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    described = _rest(rest, rows, list_names, num_bad)
+    if described is None:
+        return None
+    bad, reasons, lists = described
+    return StoredChunk(layout.block(data, rows, list(range(columns))), lists, bad, reasons, parse_s, size)
+
+
+def _rest(rest: bytearray, rows: int, list_names: tuple[str, ...], num_bad: int):
+    """The bad rows (a mask and the reasons) and the list columns described after the records; None where the
+    description does not hold together."""
+    try:
+        length = struct.unpack_from("<Q", rest)[0]
+        doc = json.loads(bytes(rest[8:8 + length]))
+        at = 8 + length
+        bad = np.zeros(rows, dtype=bool)
+        reasons = {}
+        for row, reason in doc["bad"]:
+            if not (isinstance(row, int) and 0 <= row < rows and isinstance(reason, str)) or bad[row]:
+                return None
+            bad[row] = True
+            reasons[row] = reason
+        if len(reasons) != num_bad or [name for name, _, _ in doc["lists"]] != list(list_names):
+            return None
+        lists = {}
+        for name, num_offsets, num_values in doc["lists"]:
+            if num_offsets != rows + 1 or num_values < 0 or at + 8 * (num_offsets + num_values) > len(rest):
+                return None
+            offsets = np.frombuffer(rest, "<i8", num_offsets, at).astype(np.int64)
+            values = np.frombuffer(rest, "<i8", num_values, at + 8 * num_offsets).astype(np.int64)
+            at += 8 * (num_offsets + num_values)
+            if offsets[0] != 0 or offsets[-1] != num_values or (np.diff(offsets) < 0).any():
+                return None
+            lists[name] = ListColumn(offsets, values)
+        if at != len(rest):
+            return None
+    except (ValueError, TypeError, KeyError, struct.error):
+        return None
+    return bad, reasons, lists
+
+
+def remove_stale_temporaries(folder: str) -> None:
+    """Temporary chunk files left by processes that died while writing them."""
+    now = time.time()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.name.endswith(".tmp") and now - entry.stat(follow_symlinks=False).st_mtime > STALE_TEMPORARY_S:
+                os.unlink(entry.path)
+        except OSError:
+            pass
