@@ -94,7 +94,8 @@ class Loader:
     def _open_source(self, pipeline: PipelineSpec):
         """The pipeline's source opened once (a mix: each of its sources), shared by every runner."""
         def open_one(declared):
-            return open_source(declared, cache_rows=2 * (self.shuffle_buffer or 0), skips=self.skips)
+            return open_source(declared, cache_rows=2 * (self.shuffle_buffer or 0), skips=self.skips,
+                               cache=self.cache)
         return MixedSources(pipeline, open_one) if isinstance(pipeline, MixSpec) else open_one(pipeline.source)
 
     def _local_runner(self, config: RunnerConfig) -> Runner:
