@@ -31,6 +31,7 @@ class _Split:
         self._queues = [deque() for _ in range(parts)]
         self._made: deque = deque()  # (plan, [(source, places in the batch)]) in plan order
         self._over = False
+        self._numbered = 0
 
     def _pull(self) -> bool:
         """Split the next mixed plan (called holding the lock); False at the end of the plans."""
@@ -45,8 +46,10 @@ class _Split:
         for k in np.unique(key).tolist():
             places = np.flatnonzero(key == k)
             source = int(plan.sources[places[0]])
+            # (numbered in turn: a runner tells one plan's samples from the next by epoch and number)
             sub = BatchPlan(plan.local[places], plan.valid[places], int(plan.source_epochs[places[0]]),
-                            0, False, plan.batch, None)
+                            0, False, self._numbered, None)
+            self._numbered += 1
             self._queues[source].append(sub)
             pieces.append((source, places))
         self._made.append((plan, pieces))
