@@ -25,8 +25,10 @@ from .placement.controller import PlacementController
 from .runners import Runner, RunnerConfig, make_runner
 from .runners.mix_runner import MixRunner
 from .runners.remote import RayWorkers, RemoteRunner
+from .remainder import plain, resizes
+from .resume import checked, resumed
 from .sampler import STATE_VERSION, EpochSampler, LastBatch, parse_last_batch
-from .saved_state import check_resumable, configuration
+from .saved_state import configuration
 from .skip_log import SkipLog
 from .sources import ChunkedTable, open_source
 from .sources.mixed import MixedSources
@@ -186,8 +188,11 @@ class Loader:
         return list(self.skips.skipped)
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration run ``epoch`` from its start (as ``DistributedSampler.set_epoch``)."""
+        """Make the next iteration run ``epoch`` from its start (as ``DistributedSampler.set_epoch``): the whole
+        epoch, also after a resume on another number of ranks mid-way through it."""
         self.cursor.go_to(int_at_least("epoch", epoch, 0), pinned=True)
+        self.sampler = plain(self.sampler)
+        self._close_stream()
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (with ``on_error="skip"``, skips can make an epoch shorter)."""
@@ -270,25 +275,25 @@ class Loader:
         """Where the loader stands: loading it into a Loader of the same configuration resumes at the next batch.
         Safe to call from another thread while the trainer iterates (it sees the position before or after a
         batch, never halfway)."""
-        return {"version": STATE_VERSION, **self.cursor.state(),
+        position, order = self.cursor.state(), plain(self.sampler)
+        return {"version": STATE_VERSION, **position, "resizes": resizes(self.sampler, position["epoch"]),
                 "skipped": [[k.where, k.reason, k.index, k.epoch] for k in self.skipped],
                 "config": configuration(self.sampler, self.pipeline.name, self.on_error.value, self.shuffle_buffer),
-                **({"mix": self.sampler.state()} if isinstance(self.sampler, MixOrder) else {})}
+                **({"mix": order.state()} if isinstance(order, MixOrder) else {})}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
-            raise ValueError(f"not a feedline Loader state of version {STATE_VERSION}: "
-                             f"{state.get('version') if isinstance(state, Mapping) else type(state).__name__}")
-        check_resumable(state.get("config", {}), self.state_dict()["config"])
-        if isinstance(self.sampler, MixOrder):  # (first: an epoch's length can follow its weights)
-            self.sampler.load(state.get("mix", {}))
-        self.cursor.load(state, self.sampler.shard_size)
+    def load_state_dict(self, state: Mapping[str, Any] | list[Mapping[str, Any]]) -> None:
+        """Resume where ``state`` stands: the state this rank saved, or the list of the states of every rank of a
+        job (``torch.distributed.all_gather_object``), which may have had another number of ranks: then this job's
+        ranks share the rest of that epoch, every sample once (``feedline.loader.resume``)."""
+        order = plain(self.sampler)
+        states = checked(state, order, self.state_dict()["config"])
+        if isinstance(order, MixOrder):  # (first: an epoch's length can follow its weights)
+            order.load(states[0].get("mix", {}))
+        resume = resumed(states, order)
+        self.cursor.load(resume.position, resume.order.shard_size)
+        self.sampler = resume.order
         self._close_stream()
-        try:
-            earlier = [Skipped(*entry) for entry in state.get("skipped", [])]
-        except TypeError:
-            raise ValueError("state has an invalid 'skipped' list") from None
-        self.skips.load(earlier)
+        self.skips.load(resume.skipped)
 
     def profile(self, batches: int = 40, *, trainer_step_ms: float | str | None = None,
                 train_step: Callable[[dict], Any] | None = None):

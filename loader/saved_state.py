@@ -12,27 +12,19 @@ def configuration(sampler, pipeline_name: str, on_error: str, shuffle_buffer: in
             "on_error": on_error, "shuffle_buffer": shuffle_buffer}
 
 
-def check_resumable(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
+def check_resumable(saved: Mapping[str, Any], mine: Mapping[str, Any], *, resize: bool = False) -> None:
     """A ValueError saying what differs between the saved configuration and this Loader's, and what a resume
-    needs."""
-    differ = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
+    needs. ``resize``: the state comes from a job of another size (its rank and world_size may differ)."""
+    differ = {k: (saved.get(k), v) for k, v in mine.items()
+              if saved.get(k) != v and not (resize and k in ("rank", "world_size"))}
     if not differ:
         return
-    if "world_size" in differ:
-        was, now = differ["world_size"]
-        raise ValueError(
-            f"cannot resume: the state was saved by a job of {was} process(es) (world_size={was}, this one was rank "
-            f"{saved.get('rank')}) and this Loader runs in a job of {now} (world_size={now}). A resume needs the same "
-            f"world_size, each rank loading the state its own rank saved: relaunch with {was} processes to resume "
-            f"mid-epoch. Resuming on a different number of processes is not supported yet (a later version will "
-            f"redistribute the rest of the epoch); to change it now, start an epoch from its beginning with "
-            f"loader.set_epoch(epoch) (after a state saved at an epoch's end, state['complete'] is True and "
-            f"set_epoch(state['epoch'] + 1) continues exactly).")
     if "rank" in differ:
         was, now = differ.pop("rank")
         if not differ:
             raise ValueError(f"cannot resume: the state was saved by rank {was} and this Loader is rank {now}; each "
-                             f"rank must load the state that its own rank saved")
+                             f"rank must load the state that its own rank saved (or every rank the list of all "
+                             f"ranks' states)")
         differ["rank"] = (was, now)
     raise ValueError("state was saved by a differently configured Loader; (saved, this loader): "
                      + ", ".join(f"{k}: {a!r} vs {b!r}" for k, (a, b) in differ.items()))

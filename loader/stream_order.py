@@ -34,6 +34,7 @@ class StreamOrder(Order):
     ``chunk_groups``: each chunk's group (non-decreasing)."""
 
     unit = "rows"
+    skips_move_positions = False  # a bad row's slot is padding in its own batch (the feature runner)
 
     def __init__(self, chunk_rows, chunk_groups, batch_size: int, *, shuffle: bool = True, seed: int = 0,
                  rank: int = 0, world_size: int = 1, last_batch: LastBatch | str = LastBatch.PARTIAL,
@@ -49,6 +50,12 @@ class StreamOrder(Order):
         self._epoch_order: tuple = (None, None, None)  # the last epoch's chunk order and its rows' starts
         self._last_window: tuple = (None, None)
         self._kept_windows: list = []  # ((epoch, window), rows, valid), the latest first
+
+    def for_rank(self, rank: int, world_size: int) -> "StreamOrder":
+        """The chunk order and its rows' starts are every rank's; the shuffled windows are this rank's."""
+        other = super().for_rank(rank, world_size)
+        other._last_window, other._kept_windows = (None, None), []
+        return other
 
     # ---- the order --------------------------------------------------------------------------------
     def _chunk_order(self, epoch: int) -> np.ndarray:

@@ -87,18 +87,13 @@ def test_images_resume_exactly_from_every_kind_of_stop(tmp_path, policy):
                                       on_error="skip", rank=0, world_size=2))
 
 
-def test_a_changed_world_size_says_what_a_resume_needs(tmp_path):
+def test_a_resume_says_what_differs(tmp_path):
+    """(A changed world_size resumes: tests/test_elastic_resume.py.)"""
     write_images(tmp_path, 12, classes=2)
     spec = image.train(tmp_path, size=32, output="uint8")
     saved_by = Loader(spec, batch_size=2, placement="cpu", seed=1, rank=1, world_size=4)
     next(iter(saved_by))
     state = saved_by.state_dict()
-    with pytest.raises(ValueError) as info:
-        Loader(spec, batch_size=2, placement="cpu", seed=1, rank=1, world_size=2).load_state_dict(state)
-    message = str(info.value)
-    for words in ("world_size=4", "world_size=2", "needs the same world_size", "relaunch with 4 processes",
-                  "not supported yet", "set_epoch"):
-        assert words in message, (words, message)
     with pytest.raises(ValueError, match="saved by rank 1 and this Loader is rank 0; each rank must load the state "
                                          "that its own rank saved"):
         Loader(spec, batch_size=2, placement="cpu", seed=1, rank=0, world_size=4).load_state_dict(state)
