@@ -14,6 +14,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     what.add_argument("--pipeline", choices=PIPELINES)
     what.add_argument("--op", choices=("hash",), help="benchmark one op against memory-copy bandwidth")
     bench.add_argument("--data", type=existing_path, help="dataset directory or file, or a shard pattern")
+    bench.add_argument("--mix", type=mix_entry, nargs="+", metavar="NAME=PATH[:WEIGHT]",
+                       help="bench a mix of these sources through --pipeline (weight 1 unless given), reporting "
+                            "each source's delivered share; with --data, compared with that single source")
     bench.add_argument("--placement", default="cpu", choices=("cpu", "gpu", "auto"))
     bench.add_argument("--batch-size", type=positive_int, default=None)
     bench.add_argument("--batches", type=positive_int, default=None, help="timed batches after the warm-up")
@@ -44,6 +47,8 @@ def run(parser: argparse.ArgumentParser, args) -> dict:
             parser.error("--trainer-step-ms applies to --pipeline benchmarks, not to --op hash")
         from ..benchmarks.hash_bench import bench_hash
         return bench_hash()
+    if args.mix is not None:
+        return _mix(parser, args)
     if args.data is None:
         parser.error(f"--pipeline {args.pipeline} needs --data (make one with `feedline make-data`)")
     if args.remote_workers is not None:
@@ -83,6 +88,37 @@ def run(parser: argparse.ArgumentParser, args) -> dict:
                         placement=args.placement, baseline=args.baseline != "none",
                         trainer_step_ms=args.trainer_step_ms, rounds=args.rounds or 5,
                         progress=not args.no_progress)
+
+
+def mix_entry(text: str) -> tuple[str, str, float]:
+    """``NAME=PATH`` or ``NAME=PATH:WEIGHT`` (a PATH may hold ``:``; a last part that is a number is the weight)."""
+    name, equals, rest = text.partition("=")
+    if not equals or not name or not rest:
+        raise argparse.ArgumentTypeError(f"a --mix source is NAME=PATH or NAME=PATH:WEIGHT, got {text!r}")
+    path, weight = rest, 1.0
+    head, colon, tail = rest.rpartition(":")
+    if colon:
+        try:
+            path, weight = head, float(tail)
+        except ValueError:
+            pass
+    return name, existing_path(path), weight
+
+
+def _mix(parser: argparse.ArgumentParser, args) -> dict:
+    if args.baseline not in (None, "none") or args.remote_workers is not None or args.placement == "auto" \
+            or args.trainer_step_ms is not None:
+        parser.error("--mix compares the mix with its single --data source (if given); it takes no --baseline, "
+                     "--remote-workers, --trainer-step-ms or --placement auto")
+    names = [name for name, _, _ in args.mix]
+    if len(set(names)) != len(names) or len(names) < 2:
+        parser.error(f"--mix needs two or more sources of distinct names, got {names}")
+    from ..benchmarks.mix_bench import bench_mix
+    parts = {name: (pipeline_spec(args.pipeline, path, args.output), weight) for name, path, weight in args.mix}
+    criteo = args.pipeline == "criteo"
+    return bench_mix(parts, single=pipeline_spec(args.pipeline, args.data, args.output) if args.data else None,
+                     placement=args.placement, batch_size=args.batch_size or (8192 if criteo else 64),
+                     batches=args.batches or 60, rounds=args.rounds or 3, progress=not args.no_progress)
 
 
 def _criteo_baseline(parser: argparse.ArgumentParser, args) -> dict:

@@ -1,14 +1,16 @@
 """Runs a mix: one runner per source, each with its own stages, placement and read-ahead; every mixed plan is
 split into one plan per (source, own epoch) it draws from, and their batches are put back in the plan's order.
 
-The sources' runners run side by side: each pulls its own plans as far ahead as it reads (``_Split`` hands
-them out, reading the mixed plans as far as the furthest runner asks), so their prefetch overlaps. Each source
+The sources' runners run side by side, each on a thread of its own (``_Ahead``, ``prefetch`` batches ahead):
+each pulls its own plans as far ahead as it reads (``_Split`` hands them out, reading the mixed plans as far as
+the furthest runner asks), so their work and their waits overlap instead of adding up. Each source
 runner makes every plan's batch from that plan alone (``SkipFill.PADDING``), so a source's k-th batch is its
 k-th plan's; a sample left out (``on_error="skip"``) leaves its place in the mixed batch invalid.
 """
 from __future__ import annotations
 
 import dataclasses
+import queue
 import threading
 from collections import deque
 from typing import Any, Callable, Iterator
@@ -19,6 +21,7 @@ import torch
 from ...pipelines.mix import MixSpec
 from ..sampler import BatchPlan
 from ..sources.mixed import MixedSources, MixPlan, part_seed
+from .buffers import BufferRing
 from .contract import NO_TIMER, BatchInfo, RunnerConfig, SkipFill, StageTimer, StageTimes
 
 
@@ -73,6 +76,85 @@ class _Split:
             return self._made.popleft() if self._made else None
 
 
+class _Ahead:
+    """One source runner's batches made on a thread of its own, up to ``depth`` ahead of the taker. On a CUDA
+    device the thread works on a CUDA stream of its own and the taker's stream waits for each batch's work."""
+
+    _END = object()
+
+    def __init__(self, batches: Callable[[], Iterator], depth: int, device: torch.device, name: str):
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._cuda = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._thread = threading.Thread(target=self._run, args=(batches,), name=f"feedline-mix-{name}", daemon=True)
+        self._thread.start()
+
+    def _run(self, batches) -> None:
+        try:
+            if self._cuda is not None:
+                torch.cuda.set_stream(self._cuda)
+            made = batches()
+            try:
+                for batch, _ in made:
+                    event = None
+                    if self._cuda is not None:
+                        event = torch.cuda.Event()
+                        event.record(self._cuda)
+                    if not self._put((batch, event)):
+                        return
+            finally:
+                made.close()
+            self._put((self._END, None))
+        except BaseException as exc:  # raised again on the taker's thread
+            self._put((exc, None))
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def next(self) -> dict:
+        while True:
+            try:
+                batch, event = self._queue.get(timeout=0.5)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    raise RuntimeError("a mix's source runner thread ended without a batch or an error") from None
+        if batch is self._END:
+            raise RuntimeError("a mix's source runner ended before the mix's plans did")
+        if isinstance(batch, BaseException):
+            raise batch
+        if event is not None:
+            taker = torch.cuda.current_stream(event.device if hasattr(event, "device") else None)
+            taker.wait_event(event)
+            _record(batch, taker)
+        return batch
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        self._thread.join()
+
+
+def _record(value, stream) -> None:
+    """Tell the caching allocator that ``stream`` uses the tensors of ``value`` (made on another stream)."""
+    if isinstance(value, torch.Tensor):
+        if value.is_cuda:
+            value.record_stream(stream)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _record(item, stream)
+
+
 class MixRunner:
     """The ``Runner`` of a ``MixSpec`` over its ``MixedSources``; ``make(spec, source, config)`` makes each
     source's runner (``make_runner`` with the Loader's skip log). Batches hold ``source`` beside ``index``."""
@@ -81,6 +163,8 @@ class MixRunner:
                  make: Callable[[Any, Any, RunnerConfig], Any]):
         self.spec = spec
         self.sources = sources
+        self.config = config
+        self._outputs = BufferRing(capacity=config.prefetch + 3)  # merged batches: queued, being made, with the trainer
         self.runners = [make(part, source, dataclasses.replace(config, cut=spec.cut_for(k, config.cut),
                                                                seed=part_seed(config.seed, k),
                                                                skip_fill=SkipFill.PADDING))
@@ -98,16 +182,17 @@ class MixRunner:
     def batches(self, plans: Iterator[MixPlan], timer: StageTimer = NO_TIMER
                 ) -> Iterator[tuple[dict, BatchInfo]]:
         split = _Split(iter(plans), len(self.runners))
-        made = [runner.batches(split.stream(k)) for k, runner in enumerate(self.runners)]
+        made = [_Ahead(lambda r=runner, k=k: r.batches(split.stream(k)), self.config.prefetch, self.config.device,
+                       name) for k, (runner, name) in enumerate(zip(self.runners, self.spec.names))]
         try:
             while (next_plan := split.next_made()) is not None:
                 plan, pieces = next_plan
-                parts = [(places, next(made[source])[0]) for source, places in pieces]
-                batch = merge(plan, parts, self.spec.outputs)
+                parts = [(places, made[source].next()) for source, places in pieces]
+                batch = merge(plan, parts, self.spec.outputs, self._outputs.empty)
                 yield batch, BatchInfo(plan.epoch, plan.start + plan.indices.size, plan.last)
         finally:
-            for generator in made:
-                generator.close()
+            for ahead in made:
+                ahead.close()
 
     def profile(self, plans: list[MixPlan]) -> StageTimes:
         """Each source's runner profiled on its share of the plans; the first source's stage names carry the
@@ -154,9 +239,10 @@ def _rows_of(sub: dict, expected: np.ndarray) -> tuple[np.ndarray | None, np.nda
     return rows, good
 
 
-def merge(plan: MixPlan, parts: list[tuple[np.ndarray, dict]], outputs) -> dict:
+def merge(plan: MixPlan, parts: list[tuple[np.ndarray, dict]], outputs, empty=torch.empty) -> dict:
     """The batch of ``plan`` from its sources' batches (``(places, batch)``): every output in plan order, ``index``
-    the mix index, ``source`` the source number and ``valid`` where any place is invalid."""
+    the mix index, ``source`` the source number and ``valid`` where any place is invalid. ``empty(shape, dtype)``
+    gives the CPU tensors written (a ``BufferRing``'s, reused once the trainer lets go of them)."""
     size = plan.indices.size
     valid = plan.valid.copy()
     reorder = []
@@ -170,7 +256,7 @@ def merge(plan: MixPlan, parts: list[tuple[np.ndarray, dict]], outputs) -> dict:
     if len(parts) == 1 and reorder[0][1] is None:
         batch = {name: parts[0][1][name] for name in outputs}
     else:
-        batch = {name: _merged(name, size, reorder) for name in outputs}
+        batch = {name: _merged(name, size, reorder, empty) for name in outputs}
     device = batch[outputs[0]].device if isinstance(batch[outputs[0]], torch.Tensor) else torch.device("cpu")
     batch["index"] = torch.from_numpy(plan.indices).to(device)
     batch["source"] = torch.from_numpy(plan.sources).to(device)
@@ -179,10 +265,17 @@ def merge(plan: MixPlan, parts: list[tuple[np.ndarray, dict]], outputs) -> dict:
     return batch
 
 
-def _merged(name: str, size: int, reorder):
+def _merged(name: str, size: int, reorder, empty):
     first = reorder[0][2][name]
     if isinstance(first, dict):  # a KeyedJaggedTensor layout
         return _merged_jagged(size, [(places, rows, sub[name]) for places, rows, sub in reorder])
+    if first.device.type == "cpu":  # (NumPy's row copies: torch's index_copy_ is 20x slower on uint8 images here)
+        out = empty((size, *first.shape[1:]), first.dtype)
+        rows_out = out.numpy()
+        for places, rows, sub in reorder:
+            value = sub[name].numpy()
+            rows_out[places] = value if rows is None else value[rows]
+        return out
     out = torch.empty((size, *first.shape[1:]), dtype=first.dtype, device=first.device)
     for places, rows, sub in reorder:
         value = sub[name]
