@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import collections
 import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from feedline.datagen.images import make_images
 from feedline.datagen.synthetic_criteo import make_criteo
@@ -306,3 +311,37 @@ def test_a_state_at_an_epochs_end_starts_the_next_epoch_on_the_new_ranks(folder)
     reference.set_epoch(1)
     assert new.epoch == 1
     assert take(iter(new), None)[0] == take(iter(reference), None)[0]
+
+
+# ---- under torchrun ---------------------------------------------------------------------------------------------
+
+def torchrun(world, data, out, stop):
+    worker = Path(__file__).with_name("elastic_worker.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
+           str(worker), str(data), str(out), str(stop)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=worker.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads((out / f"w{world}_rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.slow
+def test_torchrun_resizes_from_4_to_2_ranks_with_an_all_reduce_per_batch(tmp_path):
+    """4 ranks (gloo on 127.0.0.1) take 3 batches each, skipping a bad file, and gather their states; 2 ranks load
+    them and finish the epoch, all-reducing after every batch: no hang, the same batches on both, every good
+    sample once."""
+    data = tmp_path / "data"
+    write_images(data, 27, classes=2, seed=3, sizes=[(48, 40)] * 27)
+    bad = data / "class_0" / "img_0002.jpg"
+    bad.write_bytes(b"\xff\xd8 not really")
+    first = torchrun(4, data, tmp_path, 3)
+    saved = torch.load(tmp_path / "states.pt")
+    second = torchrun(2, data, tmp_path, -1)
+    assert [r["batches"] for r in first] == [3] * 4 and len({r["batches"] for r in second}) == 1
+    valid = [i for r in first + second for i, ok in r["seen"] if ok]
+    paths = sorted(str(p) for p in data.rglob("*.jpg"))
+    assert sorted(valid) == sorted(set(range(27)) - {paths.index(str(bad))})
+    # each of the 4 stood where its 6th good sample was: past the bad one on the rank whose share holds it early
+    b = paths.index(str(bad))
+    shares = [EpochSampler(27, 2, seed=4, rank=r, world_size=4).positions(0, 0, 7)[0].tolist() for r in range(4)]
+    assert [s["cursor"] for s in saved] == [7 if b in share[:6] else 6 for share in shares]
+    assert any(b in share[:6] for share in shares)  # (so one rank's state could not tell them all)
