@@ -2,9 +2,12 @@
 their reference. Column ``c`` of a block is described by ``layout[c]`` = (code, start, step, flag kind, flag
 start, flag step); see ``gather_columns.ColumnBlock``.
 
-Rows are gathered a tile at a time (a tile's rows stay in cache across its columns); each column of a tile is
-loaded in three short passes (values widened to int64 or float64, missing flags, then the output): the
-branches on type, flag kind and target stay outside the loops without multiplying into each other. Values
+Rows are gathered a tile at a time (a tile's rows stay in cache across its columns). A column with missing bits
+(``BIT_FLAGS``, as converted tables store them) going to the dense or id rows is gathered in one pass that
+reads each value and its bit and writes the result in its place, a loop per type (``_placing``): 25-30% less
+time for a converted Criteo batch than three passes. Other columns are loaded in three short passes (values
+widened to int64 or float64, missing flags, then the output): the branches on type, flag kind and target stay
+outside the loops without multiplying into each other. Values
 are read through typed loads at byte addresses (``_read_*``), which compile as a load each, where typed views
 of the buffer would each compile an overload of their own: the kernels compile in a few seconds.
 """
@@ -124,12 +127,98 @@ def gather_columns(data, flags, layout, picks, local, positions, missing_id, lab
                     ids, ints[:m], floats[:m], missing[:m], reals[:m])
 
 
+def _placing(read, to_ids):
+    """A loop that reads a column's values with ``read``, its missing bits (``BIT_FLAGS``) and writes each value,
+    or the missing one, into its place in ``out``: one pass per column of a tile, for the layout converted
+    tables store (each type its own loop, so that no branch on the type runs per value)."""
+    if to_ids:
+        @helper
+        def loop(address, start, step, flags, first, flag_step, local, positions, missing_id, out):
+            for i in range(local.shape[0]):
+                value = np.int64(read(address + start + local[i] * step))
+                bit = np.uint64(first + local[i] * flag_step)
+                gone = (flags[bit >> np.uint64(3)] >> (bit & np.uint64(7))) & 1 != 0
+                out[np.uint64(positions[i])] = missing_id if gone else value
+    else:
+        @helper
+        def loop(address, start, step, flags, first, flag_step, local, positions, missing_id, out):
+            for i in range(local.shape[0]):
+                value = np.float32(read(address + start + local[i] * step))
+                bit = np.uint64(first + local[i] * flag_step)
+                gone = (flags[bit >> np.uint64(3)] >> (bit & np.uint64(7))) & 1 != 0
+                out[np.uint64(positions[i])] = NAN32 if gone else value
+    return loop
+
+
+_ids_u8, _ids_i8, _ids_u16, _ids_i16, _ids_u32, _ids_i32, _ids_i64 = (
+    _placing(r, True) for r in (_read_u8, _read_i8, _read_u16, _read_i16, _read_u32, _read_i32, _read_i64))
+_dense_u8, _dense_i8, _dense_u16, _dense_i16, _dense_u32, _dense_i32, _dense_i64, _dense_f32, _dense_f64 = (
+    _placing(r, False) for r in (_read_u8, _read_i8, _read_u16, _read_i16, _read_u32, _read_i32, _read_i64,
+                                 _read_f32, _read_f64))
+
+
+@helper
+def place_ids(data, flags, layout, c, local, positions, missing_id, out):
+    """Int column ``c`` (with ``BIT_FLAGS``) at rows ``local`` into ``out[positions]`` (``IDS``), in one pass."""
+    code = layout[c, 0]
+    size = np.int64(SIZES[code])
+    args = (data.ctypes.data, layout[c, 1] * size, layout[c, 2] * size, flags, layout[c, 4], layout[c, 5], local,
+            positions, missing_id, out)
+    if code == U8:
+        _ids_u8(*args)
+    elif code == I8:
+        _ids_i8(*args)
+    elif code == U16:
+        _ids_u16(*args)
+    elif code == I16:
+        _ids_i16(*args)
+    elif code == U32:
+        _ids_u32(*args)
+    elif code == I32:
+        _ids_i32(*args)
+    else:
+        _ids_i64(*args)
+
+
+@helper
+def place_dense(data, flags, layout, c, local, positions, out):
+    """Column ``c`` (with ``BIT_FLAGS``) at rows ``local`` into ``out[positions]`` (``DENSE``), in one pass."""
+    code = layout[c, 0]
+    size = np.int64(SIZES[code])
+    args = (data.ctypes.data, layout[c, 1] * size, layout[c, 2] * size, flags, layout[c, 4], layout[c, 5], local,
+            positions, 0, out)
+    if code == U8:
+        _dense_u8(*args)
+    elif code == I8:
+        _dense_i8(*args)
+    elif code == U16:
+        _dense_u16(*args)
+    elif code == I16:
+        _dense_i16(*args)
+    elif code == U32:
+        _dense_u32(*args)
+    elif code == I32:
+        _dense_i32(*args)
+    elif code == I64:
+        _dense_i64(*args)
+    elif code == F32:
+        _dense_f32(*args)
+    else:
+        _dense_f64(*args)
+
+
 @helper
 def gather_tile(data, flags, layout, picks, local, positions, missing_id, label, dense, ids, ints, floats, missing,
                 reals):
     n = local.shape[0]
     for j in range(picks.shape[0]):
         c, target, row = picks[j, 0], picks[j, 1], picks[j, 2]
+        if layout[c, 3] == BIT_FLAGS and target == IDS and layout[c, 0] < F32:
+            place_ids(data, flags, layout, c, local, positions, missing_id, ids[row])
+            continue
+        if layout[c, 3] == BIT_FLAGS and target == DENSE:
+            place_dense(data, flags, layout, c, local, positions, dense[row])
+            continue
         is_float = load_column(data, flags, layout, c, local, ints, floats, missing, target != LABEL)
         # Each value is loaded before the choice, so that the choice compiles to a select: missing flags are
         # random, and a branch on them would be mispredicted a third of the time. Values are first written in
