@@ -15,7 +15,7 @@ def _count(value: object) -> bool:
 @dataclass
 class Cursor:
     """``epoch``; ``batches`` delivered in it; ``sample``: the next position in this rank's order for the
-    epoch; ``complete``: its last batch was delivered. ``pinned``: ``set_epoch`` or a loaded state chose where
+    epoch (after a resume on another number of ranks, in this rank's share of the epoch's rest); ``complete``: its last batch was delivered. ``pinned``: ``set_epoch`` or a loaded state chose where
     the next iteration starts, so starting it must not move on to the next epoch.
 
     Every update and every read of several fields holds ``lock``, so that another thread (one that saves the

@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import Skipped
 from .remainder import ResumedOrder
-from .sampler import READ_VERSIONS, STATE_VERSION, Order
+from .sampler import READ_VERSIONS, Order
 from .saved_state import check_resumable
 
 
@@ -35,7 +35,7 @@ def _count(value: object) -> bool:
 
 def _checked(state: object, which: str) -> Mapping[str, Any]:
     if not isinstance(state, Mapping) or state.get("version") not in READ_VERSIONS:
-        raise ValueError(f"{which} is not a feedline Loader state of version {STATE_VERSION}: "
+        raise ValueError(f"{which} is not a feedline Loader state (version {' or '.join(map(str, READ_VERSIONS))}): "
                          f"{state.get('version') if isinstance(state, Mapping) else type(state).__name__}")
     config, resized = state.get("config"), state.get("resizes", [])
     if not isinstance(config, Mapping) or not _count(config.get("rank")) or not _count(config.get("world_size")):

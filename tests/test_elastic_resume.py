@@ -107,7 +107,24 @@ def test_a_resize_keeps_each_sample_where_its_epoch_put_it():
     assert new[0].share == new[1].share == 12 == share_size(24, 2, 4, LastBatch.PARTIAL)
     assert np.array_equal(np.concatenate([n.positions(0, 0, 12)[0] for n in new]), rest)
     assert new[0].resizes(0) == [[4, [4, 4, 4, 4]]] and new[0].resizes(1) == []
-    assert np.array_equal(new[0].epoch(1)[0].indices, EpochSampler(40, 4, seed=1, rank=0, world_size=2).epoch(1)[0].indices)
+    later = EpochSampler(40, 4, seed=1, rank=0, world_size=2).epoch(1)[0].indices
+    assert np.array_equal(new[0].epoch(1)[0].indices, later)
+
+
+@pytest.mark.parametrize("policy", list(LastBatch))
+def test_a_ranks_positions_are_every_world_size_th_of_the_permutation(policy):
+    """``EpochSampler.positions`` reads a stretch of a rank's share directly: the same as slicing the padded
+    permutation (the definition of the share) every world_size-th from the rank."""
+    n, world, batch = 23, 3, 2
+    permutation = np.random.Generator(np.random.Philox(key=6, counter=[0, 0, 0, 2])).permutation(n)
+    for rank in range(world):
+        order = EpochSampler(n, batch, seed=6, rank=rank, world_size=world, last_batch=policy)
+        padded = np.resize(permutation, order.per_rank * world) if policy is not LastBatch.DROP else permutation
+        share = padded[rank::world][:order.per_rank]
+        valid = (np.arange(order.per_rank) * world + rank) < n
+        indices, ok = order.positions(2, 3, order.per_rank)
+        assert np.array_equal(indices, share[3:]) and np.array_equal(ok, valid[3:])
+        assert np.array_equal(np.concatenate([p.indices for p in order.epoch(2)]), share)
 
 
 # ---- Loaders --------------------------------------------------------------------------------------------------
