@@ -103,14 +103,21 @@ def encode(parsed: ParsedChunk, key: bytes, parse_s_per_row: float) -> list[byte
         values = np.ascontiguousarray(column.values, dtype="<i8")
         lists.append([name, int(offsets.size), int(values.size)])
         arrays += [offsets, values]
-    described = json.dumps({"bad": [[int(r), parsed.reasons[int(r)]] for r in bad], "lists": lists}).encode()
-    described += b" " * (_padded(len(described)) - len(described))
+    described = _described({"bad": [[int(r), parsed.reasons[int(r)]] for r in bad], "lists": lists})
     rest = 8 + len(described) + sum(a.nbytes for a in arrays)
     codes = bytes(CODES[d] for d in dtypes)
     head = HEADER.pack(MAGIC, key, rows, len(dtypes), len(lists), records.nbytes, rest, float(parse_s_per_row),
                        bad.size) + codes
     head += b"\0" * (header_bytes(len(dtypes)) - len(head))
     return [head, records, struct.pack("<Q", len(described)), described, *arrays]
+
+
+def _described(doc: dict) -> bytes:
+    text = json.dumps(doc).encode()
+    return text + b" " * (_padded(len(text)) - len(text))
+
+
+_NOTHING = _described({"bad": [], "lists": []})
 
 
 def write(folder: str, chunk: int, pieces: list) -> int:
@@ -151,44 +158,63 @@ def read(folder: str, chunk: int, key: bytes, rows: int, columns: int, list_name
                      os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
+    head_size = header_bytes(columns)
     try:
         size = os.fstat(fd).st_size
-        head_size = header_bytes(columns)
-        head = os.pread(fd, head_size, 0)
-        if len(head) != head_size:
+        if size < head_size + 8:
             return None
-        magic, stored_key, stored_rows, stored_columns, num_lists, records_size, rest_size, parse_s, num_bad = \
-            HEADER.unpack_from(head)
-        codes = head[HEADER.size:HEADER.size + columns]
-        if (magic != MAGIC or stored_key != key or stored_rows != rows or stored_columns != columns
-                or num_lists != len(list_names) or size != head_size + records_size + rest_size or rest_size < 8
-                or not all(c in _INTEGER_CODES or c == _FLOAT_CODE for c in codes)
-                or not (np.isfinite(parse_s) and parse_s >= 0)):
-            return None
-        layout = RecordLayout([DTYPES[c] for c in codes])
-        if layout.chunk_bytes(rows) != records_size:
-            return None
-        data = np.empty(max(records_size, 8), dtype=np.uint8)
-        rest = bytearray(rest_size)
-        if os.preadv(fd, [memoryview(data)[:records_size], rest], head_size) != records_size + rest_size:
+        head = bytearray(head_size)
+        data = np.empty(size - head_size, dtype=np.uint8)  # the records, then the rest
+        if os.preadv(fd, [head, data], 0) != size:
             return None
     except OSError:
         return None
     finally:
         os.close(fd)
-    described = _rest(rest, rows, list_names, num_bad)
+    magic, stored_key, stored_rows, stored_columns, num_lists, records_size, rest_size, parse_s, num_bad = \
+        HEADER.unpack_from(head)
+    if (magic != MAGIC or stored_key != key or stored_rows != rows or stored_columns != columns
+            or num_lists != len(list_names) or size != head_size + records_size + rest_size or rest_size < 8
+            or not (np.isfinite(parse_s) and parse_s >= 0)):
+        return None
+    shape = _shape(bytes(head[HEADER.size:HEADER.size + columns]))
+    if shape is None or shape[0].chunk_bytes(rows) != records_size:
+        return None
+    described = _rest(data[records_size:], rows, list_names, num_bad)
     if described is None:
         return None
+    layout, template = shape
+    placed = template.copy()
+    placed[:, 4] += 8 * _padded(rows * layout.record)  # the flags (bits) follow the records
     bad, reasons, lists = described
-    return StoredChunk(layout.block(data, rows, list(range(columns))), lists, bad, reasons, parse_s, size)
+    block = ops.ColumnBlock(data, data, placed, rows)
+    return StoredChunk(block, lists, bad, reasons, parse_s, size)
 
 
-def _rest(rest: bytearray, rows: int, list_names: tuple[str, ...], num_bad: int):
+_shapes: dict[bytes, tuple[RecordLayout, np.ndarray] | None] = {}
+
+
+def _shape(codes: bytes) -> tuple[RecordLayout, np.ndarray] | None:
+    """The record layout of chunks whose columns have these type codes, and their block's layout with the flags
+    placed at 0 (``ops.ColumnBlock.records``); None for codes no chunk file holds."""
+    if codes not in _shapes:
+        if not all(c in _INTEGER_CODES or c == _FLOAT_CODE for c in codes):
+            return None
+        layout = RecordLayout([DTYPES[c] for c in codes])
+        template = ops.ColumnBlock.records(np.zeros(8, np.uint8), layout.dtypes, layout.offsets, layout.record, 0,
+                                           list(range(len(codes))), layout.flag_bytes, 0).layout
+        _shapes[codes] = (layout, template)  # (a race only builds the same value twice)
+    return _shapes[codes]
+
+
+def _rest(rest: np.ndarray, rows: int, list_names: tuple[str, ...], num_bad: int):
     """The bad rows (a mask and the reasons) and the list columns described after the records; None where the
     description does not hold together."""
     try:
         length = struct.unpack_from("<Q", rest)[0]
-        doc = json.loads(bytes(rest[8:8 + length]))
+        if not num_bad and not list_names and rest[8:].tobytes() == _NOTHING:
+            return np.zeros(rows, dtype=bool), {}, {}  # (what most chunks hold: no bad rows, no lists)
+        doc = json.loads(rest[8:8 + length].tobytes())
         at = 8 + length
         bad = np.zeros(rows, dtype=bool)
         reasons = {}
@@ -209,7 +235,7 @@ def _rest(rest: bytearray, rows: int, list_names: tuple[str, ...], num_bad: int)
             if offsets[0] != 0 or offsets[-1] != num_values or (np.diff(offsets) < 0).any():
                 return None
             lists[name] = ListColumn(offsets, values)
-        if at != len(rest):
+        if at != rest.size:
             return None
     except (ValueError, TypeError, KeyError, struct.error):
         return None
