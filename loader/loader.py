@@ -23,6 +23,7 @@ from .mix_order import MixOrder
 from .loader_arguments import batch_pixels, cache_of, on_error_of, shuffle_buffer_rows, work_counts
 from .placement.controller import PlacementController
 from .runners import Runner, RunnerConfig, make_runner
+from .runners.image_cache import ImageCaches
 from .runners.mix_runner import MixRunner
 from .runners.remote import RayWorkers, RemoteRunner
 from .remainder import plain, resizes
@@ -71,6 +72,7 @@ class Loader:
         self.pipeline = pipeline
         self.on_error = on_error_of(pipeline, on_error)
         self.cache = cache_of(pipeline, cache)  # what may be cached (``cache_policy``); the runner decides
+        self._caches = ImageCaches(self.cache)  # the image stores, kept across the runners it replaces
         self.placer = PlacementController(pipeline, placement, remote=remote,
                                           device=None if device is None else parse_device(device))
         self.shuffle_buffer = shuffle_buffer_rows(pipeline, shuffle_buffer)
@@ -117,7 +119,7 @@ class Loader:
         if self.placer.remote_workers is not None:
             return RemoteRunner(self.pipeline, self.source, config, self.placer.remote_workers, self._local_runner,
                                 group_rows=self.shuffle_buffer, skips=self.skips)
-        return make_runner(self.pipeline, self.source, config, skips=self.skips)
+        return make_runner(self.pipeline, self.source, config, skips=self.skips, caches=self._caches)
 
     def _order(self, batch_size: int, seed: int, **kwargs):
         """The order of this Loader's source: an exact permutation of samples, or, for a streamed table,
@@ -179,8 +181,9 @@ class Loader:
     @property
     def plan(self) -> dict[str, Any]:
         """The current placement decision: with ``placement="auto"``, the scheduler's, the measurements behind
-        it and the history of changes; otherwise the fixed placement."""
-        return self.placer.report()
+        it and the history of changes; otherwise the fixed placement. ``cache``: whether the pipeline's
+        deterministic prefix is cached, why, and the figures (``cache_policy.decide``)."""
+        return {**self.placer.report(), "cache": self._caches.report()}
 
     @property
     def skipped(self) -> list[Skipped]:

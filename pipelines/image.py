@@ -109,12 +109,14 @@ def normalize(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAG
 
 
 def custom(fn: Callable, *, backends: str | Sequence[str] = ("cpu", "gpu"), name: str = "custom",
-           draws: int = 0, dtype=None, size: int | tuple[int, int] | None = None) -> Custom:
+           draws: int = 0, dtype=None, size: int | tuple[int, int] | None = None,
+           deterministic: bool = False) -> Custom:
     """Your own function on a batch of torch tensors (see :class:`Custom`), placed like any other stage:
     ``fn(images)``, ``fn(images, u)`` with ``draws > 0``, and ``size=(height, width)`` of its input given to a
     function with a ``size`` parameter; checked now. ``dtype`` (``"float32"``, ``torch.float32``, ...) and
-    ``size`` declare what it returns where it changes them."""
-    return Custom(fn, backends, name, draws, dtype, size)
+    ``size`` declare what it returns where it changes them. ``deterministic=True`` declares that it draws no
+    randomness of its own (the same images give the same output), so a cache may keep what comes out of it."""
+    return Custom(fn, backends, name, draws, dtype, size, deterministic)
 
 
 def pipeline(data: str | os.PathLike | ImageSource, stages: Sequence[ImageStage], *,

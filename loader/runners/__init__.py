@@ -2,15 +2,21 @@
 from __future__ import annotations
 
 from ...pipelines.spec import PipelineSpec
+from ..cache_policy import CacheMode
 from ..skip_log import SkipLog
 from ..sources import ImageFiles
 from .contract import BatchInfo, Runner, RunnerConfig, StageTimes
 
 
-def make_runner(spec: PipelineSpec, source, config: RunnerConfig, *, skips: SkipLog | None = None) -> Runner:
+def make_runner(spec: PipelineSpec, source, config: RunnerConfig, *, skips: SkipLog | None = None,
+                caches=None) -> Runner:
     """The runner for ``spec`` over its opened ``source`` (``feedline.loader.sources.open_source``). The images
     it leaves out go to ``skips`` (default: a log of its own); a table's bad rows go to its source's log, given
-    when the source was opened."""
+    when the source was opened. ``caches``: the Loader's image stores (``ImageCaches``), where
+    ``config.cache`` allows one (None: nothing cached)."""
+    if isinstance(source, ImageFiles) and caches is not None and config.cache.mode is not CacheMode.OFF:
+        from .image_cache_runner import CachedImageRunner
+        return CachedImageRunner(spec, source, config, caches, skips=skips)
     if isinstance(source, ImageFiles):
         from .image_runner import ImageRunner
         return ImageRunner(spec, source, config, skips=skips)

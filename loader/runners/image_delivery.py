@@ -24,9 +24,16 @@ class ImageDelivery:
 
     def batch(self, images, host: HostBatch, timer: StageTimer = NO_TIMER) -> dict[str, torch.Tensor]:
         """The batch of DALI's output ``images`` for ``host``."""
+        return self._with_labels(self._images(images, host, timer), host)
+
+    def stored(self, images: torch.Tensor, host: HostBatch) -> dict[str, torch.Tensor]:
+        """The batch of ``images``, the finished rows of ``host``'s good samples as a cache kept them."""
+        return self._with_labels(images.to(self.device), host)
+
+    def _with_labels(self, images: torch.Tensor, host: HostBatch) -> dict[str, torch.Tensor]:
         indices = np.array([s.index for s in host.good], dtype=np.int64)
         valid = np.array([s.valid for s in host.good], dtype=bool)
-        batch = {"image": self._images(images, host, timer)}
+        batch = {"image": images}
         if self.labels is not None:
             batch["label"] = torch.from_numpy(self.labels[indices])
         batch["index"] = torch.from_numpy(indices)

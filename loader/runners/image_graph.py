@@ -49,6 +49,7 @@ class ImageGraph:
     engines: dict[str, str]          # stage name -> one of the engines above
     in_dali: int                     # how many image stages DALI runs (decode and those after it on the GPU)
     torch_steps: tuple[TorchStep, ...]
+    decoded: bool = False            # DALI is fed decoded images (``Decode.dali_decoded``), not encoded files
 
     @property
     def dali_on_gpu(self) -> bool:
@@ -59,8 +60,9 @@ class ImageGraph:
         return self.types[-1]
 
 
-def plan(spec: PipelineSpec, cut: int, types: list[ImageType]) -> ImageGraph:
-    """The engines of ``spec`` placed at ``cut`` (``types``: each image stage's output, from ``infer_types``)."""
+def plan(spec: PipelineSpec, cut: int, types: list[ImageType], decoded: bool = False) -> ImageGraph:
+    """The engines of ``spec`` placed at ``cut`` (``types``: each image stage's output, from ``infer_types``);
+    ``decoded``: DALI's input is the decoded images (HWC uint8) instead of the encoded files."""
     backends = spec.backends_at(cut)
     read, *stages = spec.stages
     on_gpu = [backends[s.name] is Backend.GPU for s in stages]
@@ -80,13 +82,13 @@ def plan(spec: PipelineSpec, cut: int, types: list[ImageType]) -> ImageGraph:
             batched_cpu = batched_cpu or stage.needs_batch
             batched = batched_cpu
         steps.append(TorchStep(k, stage, on_gpu[k], batched))
-    return ImageGraph(spec, cut, tuple(stages), tuple(types), engines, in_dali, tuple(steps))
+    return ImageGraph(spec, cut, tuple(stages), tuple(types), engines, in_dali, tuple(steps), decoded)
 
 
 def feed_names(graph: ImageGraph, params: list[dict]) -> dict[str, tuple[str, int]]:
     """The external inputs DALI reads per batch, name -> (DALI type name, ndim), taken from one batch's
     parameters (their kinds never change between batches)."""
-    names = {"encoded": ("UINT8", 1)}
+    names = {"encoded": ("UINT8", 3 if graph.decoded else 1)}
     for k in range(graph.in_dali):
         for name, (_, dtype, ndim) in graph.stages[k].dali_feeds(params[k]).items():
             names[f"{k}.{name}"] = (dtype, ndim)
@@ -121,5 +123,6 @@ def define(graph: ImageGraph, names: dict[str, tuple[str, int]], source, fn=None
         engine = graph.engines[stage.name]
         if engine == DALI_GPU and node.device == "cpu":
             node = node.gpu()
-        node = stage.dali(node, own, "gpu" if engine in (DALI_MIXED, DALI_GPU) else "cpu")
+        device = "gpu" if engine in (DALI_MIXED, DALI_GPU) else "cpu"
+        node = stage.dali_decoded(node, own, device) if graph.decoded and k == 0 else stage.dali(node, own, device)
     return node

@@ -29,15 +29,16 @@ from .image_torch import TorchStages
 
 class ImageRunner:
     def __init__(self, spec: PipelineSpec, source: ImageFiles, config: RunnerConfig, *,
-                 gpu: torch.device | None = None, skips: SkipLog | None = None):
+                 gpu: torch.device | None = None, skips: SkipLog | None = None, decoded: bool = False):
         """``gpu``: the device that GPU-placed torch stages run on (default: ``config.device`` when it is a
         CUDA device, else ``cuda``); a test may pass the CPU to run them there. ``skips``: the log that the
-        samples it leaves out go to (the Loader's; default: one of its own)."""
+        samples it leaves out go to (the Loader's; default: one of its own). ``decoded``: ``source`` reads
+        decoded images (a cache's), which DALI takes instead of files (``image_graph.plan``)."""
         import nvidia.dali  # noqa: F401  (now, on this thread: its exit hook must be registered before the Loader's)
 
         self.spec = spec
         self.source = source
-        self.graph = image_graph.plan(spec, config.cut, infer_types(spec.stages[1:]))
+        self.graph = image_graph.plan(spec, config.cut, infer_types(spec.stages[1:]), decoded=decoded)
         self.engines = self.graph.engines
         gpu = gpu or (config.device if config.device.type == "cuda" else torch.device("cuda"))
         self._outputs = BufferRing(capacity=config.prefetch + 3)  # queued, being made, with the trainer

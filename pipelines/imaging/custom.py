@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ..stage import Backend, parse_backends
-from ..validate import int_in
+from ..validate import flag, int_in
 from .base import ImageStage, fixed_size
 from .checks import name as check_name
 from .checks import size_pair
@@ -55,6 +55,7 @@ class Custom(ImageStage):
     draws: int = 0
     dtype: Dtype | str | torch.dtype | None = None
     size: int | tuple[int, int] | None = None
+    deterministic: bool = False  # True: the same images in give the same images out (it may then be cached)
     needs_batch = True
 
     def __post_init__(self) -> None:
@@ -66,6 +67,7 @@ class Custom(ImageStage):
         owner = f"custom stage {self.name!r}"
         object.__setattr__(self, "backends", parse_backends(owner, self.backends))
         object.__setattr__(self, "draws", int_in(f"{owner}: draws", self.draws, 0, 64))
+        object.__setattr__(self, "deterministic", flag(f"{owner}: deterministic", self.deterministic))
         if self.dtype is not None:
             object.__setattr__(self, "dtype", parse_dtype(owner, self.dtype))
         if self.size is not None:

@@ -39,6 +39,17 @@ class Decode(ImageStage):
                                            output_type=types.RGB, axis_names="WH")
         return fn.decoders.image(node, device=decoder, output_type=types.RGB)
 
+    def dali_decoded(self, node, feeds: Mapping[str, Any], device: str):
+        """What ``dali`` makes, from images already decoded (a cache of decoded images): the window cut out
+        where the decoder would decode only it. ``feeds``' anchor and shape are ``(x, y)`` and ``(w, h)``."""
+        from nvidia.dali import fn
+
+        if device == "gpu":
+            node = node.gpu()
+        if "anchor" in feeds:
+            return fn.slice(node, feeds["anchor"], feeds["shape"], axes=[1, 0], device=device)
+        return node
+
     def dali_feeds(self, params) -> dict:
         if "window" not in params:
             return {}

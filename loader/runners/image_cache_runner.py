@@ -1,0 +1,269 @@
+"""An image runner that pays for the deterministic prefix once (issue 22).
+
+- ``OUTPUT`` (every stage deterministic, as ``image.val``): the first epoch runs the pipeline and keeps each
+  sample's row of the batch; an epoch whose samples are all kept is then served from the store, no file read
+  or decoded, through the same batch forming (so skips, padding and batch boundaries are the same).
+- ``DECODED`` (``image.train``): the decoded images are kept; DALI is fed them instead of the files
+  (``image_graph`` with ``decoded=True``: the decoder's window cut out of the decoded image), and the random
+  stages run every epoch. A sample not kept yet is read and decoded on the host and kept.
+
+The first epoch measures recomputing (seconds per sample made) and then reading the store; ``cache_policy.decide``
+says whether later epochs use it. A decision not to use it runs the plain pipeline from then on.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from ...pipelines.imaging.types import Dtype
+from ...pipelines.spec import PipelineSpec
+from ..cache_policy import CacheDecision, available_bytes, decide
+from ..errors import DataError, Skipped
+from ..sampler import BatchPlan
+from ..skip_log import SkipLog
+from .contract import NO_TIMER, BatchInfo, RunnerConfig, StageTimer, StageTimes
+from .image_batches import BatchFormer
+from .image_cache import DECODED, OUTPUT, DiskStore, ImageCaches, cache_key, cache_kind
+from .image_runner import ImageRunner
+
+READ_PROBE = 64  # samples read back from a store to time it
+
+
+class _Plans:
+    """The Loader's plans, taken one epoch at a time."""
+
+    def __init__(self, plans: Iterator[BatchPlan]):
+        self._plans = iter(plans)
+        self._next: BatchPlan | None = None
+
+    def epoch(self) -> list[BatchPlan]:
+        first = self._next if self._next is not None else next(self._plans, None)
+        self._next = None
+        if first is None:
+            return []
+        out = [first]
+        for plan in self._plans:
+            if plan.epoch != first.epoch:
+                self._next = plan
+                break
+            out.append(plan)
+        return out
+
+    def rest(self) -> Iterator[BatchPlan]:
+        head = [self._next] if self._next is not None else []
+        self._next = None
+        return itertools.chain(head, self._plans)
+
+
+class _StoreSource:
+    """The source as a batch former sees it, with samples read from the store: ``read`` gives
+    ``(data, (width, height))`` or raises; everything else is the source's."""
+
+    def __init__(self, source, read):
+        self._source, self.read_checked = source, read
+
+    def __getattr__(self, name):
+        return getattr(self._source, name)
+
+
+class _Decoder:
+    """Decodes one sample's bytes to uint8 RGB ``HWC`` on the host, with DALI's decoder of the placement
+    (``mixed`` on a GPU: nvJPEG), so the pixels are those the uncached pipeline decodes."""
+
+    def __init__(self, device_id: int | None):
+        self.device_id = device_id
+        self._pipe = None
+
+    def _build(self):
+        from nvidia.dali import Pipeline, fn, types
+
+        pipe = Pipeline(batch_size=1, num_threads=1, device_id=self.device_id, prefetch_queue_depth=1,
+                        exec_async=False, exec_pipelined=False)
+        with pipe:
+            encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
+            pipe.set_outputs(fn.decoders.image(encoded, device="cpu" if self.device_id is None else "mixed",
+                                               output_type=types.RGB))
+        pipe.build()
+        return pipe
+
+    def decode(self, data: np.ndarray, where: str) -> np.ndarray:
+        if self._pipe is None:
+            self._pipe = self._build()
+        try:
+            self._pipe.feed_input("encoded", [data])
+            (out,) = self._pipe.run()
+        except RuntimeError as exc:
+            self._pipe = None  # DALI invalidates a pipeline that failed
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise DataError(where, f"cannot be decoded: {first}") from None
+        if self.device_id is not None:
+            out = out.as_cpu()
+        return np.array(out[0])
+
+
+class CachedImageRunner:
+    """``ImageRunner``'s batches, bit for bit, with the deterministic prefix cached (see the module)."""
+
+    def __init__(self, spec: PipelineSpec, source, config: RunnerConfig, caches: ImageCaches,
+                 skips: SkipLog | None = None):
+        self.spec, self.source, self.config, self.caches = spec, source, config, caches
+        self.plain = ImageRunner(spec, source, config, skips=skips)
+        graph = self.plain.graph
+        self.kind = cache_kind(graph.stages)
+        engines = sorted(graph.engines.items()) if self.kind == OUTPUT else graph.engines[graph.stages[0].name]
+        prefix = graph.stages if self.kind == OUTPUT else ()
+        what = f"{self.kind} {[repr(s) for s in prefix]} {engines} {config.max_pixels} {config.device.type}"
+        dtype = np.float32 if self.kind == OUTPUT and graph.output.dtype is Dtype.FLOAT32 else np.uint8
+        self.key = cache_key(spec, source, what)
+        self.store = caches.store(self.key, self.kind, dtype)
+        self.made_s, self.made = 0.0, 0  # recomputing, measured: seconds and samples
+        self.decoded = None
+        if self.kind == DECODED:
+            device_id = (config.device.index or 0) if graph.dali_on_gpu else None
+            self._decoder = _Decoder(device_id)
+            self.decoded = ImageRunner(spec, _StoreSource(source, self._read_decoded), config,
+                                       skips=self.plain.former.skips, decoded=True)
+
+    @property
+    def skipped(self) -> list[Skipped]:
+        return self.plain.skipped
+
+    @property
+    def decision(self) -> CacheDecision | None:
+        return self.caches.decisions.get(self.key)
+
+    def batches(self, plans: Iterator[BatchPlan], timer: StageTimer = NO_TIMER
+                ) -> Iterator[tuple[dict[str, torch.Tensor], BatchInfo]]:
+        plans = _Plans(plans)
+        if self.decision is None and self.store.complete and self.store.recompute_s is not None:
+            self._decide(self.store.recompute_s)  # a whole store on disk, filled by an earlier run
+        while epoch := plans.epoch():
+            decision = self.decision
+            if decision is not None and not decision.use:
+                yield from self.plain.batches(itertools.chain(epoch, plans.rest()), timer)
+                return
+            if self.kind == DECODED:
+                if decision is not None:
+                    yield from self.decoded.batches(itertools.chain(epoch, plans.rest()), timer)
+                    return
+                yield from self._measured(self.decoded.batches(iter(epoch), timer), keep=False)
+            elif decision is not None and self._held(epoch):
+                yield from self._from_store(epoch, timer)
+            else:
+                yield from self._measured(self.plain.batches(iter(epoch), timer), keep=True)
+            self._filled()
+
+    # ---- filling and measuring ------------------------------------------------------------------
+    def _measured(self, made: Iterator, keep: bool) -> Iterator:
+        """``made``'s batches, timing how long each takes to make; ``keep``: each sample's row goes to the store."""
+        try:
+            while True:
+                started = time.perf_counter()
+                item = next(made, None)
+                if item is None:
+                    return
+                batch, info = item
+                if keep:
+                    self.made_s += time.perf_counter() - started
+                    self._keep(batch)
+                yield batch, info
+        finally:
+            made.close()
+
+    def _keep(self, batch: dict) -> None:
+        index = batch["index"].numpy()
+        valid = batch.get("valid")
+        rows = np.flatnonzero(index >= 0) if valid is None else np.flatnonzero((index >= 0) & valid.numpy())
+        self.made += int(np.sum(index >= 0))
+        if rows.size and not self.store.overflowed:
+            images = batch["image"].cpu().numpy()
+            for r in rows.tolist():
+                self.store.put(int(index[r]), images[r])
+
+    def _read_decoded(self, index: int, max_pixels: int):
+        image = self.store.get(index)
+        if image is not None:
+            return image, np.array([image.shape[1], image.shape[0]], dtype=np.int64)
+        data, size = self.source.read_checked(index, max_pixels)
+        started = time.thread_time()
+        image = self._decoder.decode(data, self.source.where(index))
+        self.made_s += time.thread_time() - started
+        self.made += 1
+        self.store.put(index, image)
+        return image, size
+
+    def _filled(self) -> None:
+        """After an epoch made without the store: list the bad samples, finish a disk store that holds every
+        sample, and decide once something was measured."""
+        for skip in self.plain.skipped:
+            if skip.index is not None and skip.index not in self.store:
+                self.store.bad.setdefault(skip.index, (skip.where, skip.reason))
+        recompute = self.made_s / self.made if self.made else None
+        self.store.finish(len(self.source), recompute)
+        if self.decision is None and recompute is not None:
+            self._decide(recompute)
+
+    def _decide(self, recompute_s: float) -> None:
+        settings = self.caches.settings
+        held = [i for i in itertools.islice(iter(self._held_indices()), READ_PROBE)]
+        read_s = self._read_cost(held) if held else float("inf")
+        per_sample = self.store.nbytes / max(len(self.store), 1)
+        needed = int(per_sample * max(len(self.source) - len(self.store.bad), 0))
+        space = settings.memory_bytes if settings.directory is None else \
+            available_bytes(settings, held=self.store.nbytes)
+        what = "whole output" if self.kind == OUTPUT else "decoded images"
+        if self.store.overflowed:
+            needed = max(needed, self.store.budget + 1)
+        decision = decide(what=f"{self.spec.name}: {what}", recompute_s=recompute_s,
+                          read_s=read_s if np.isfinite(read_s) else 1e9, bytes_needed=needed,
+                          settings=settings, space_bytes=space)
+        self.caches.decisions[self.key] = decision
+        if not decision.use:
+            self.store.drop()
+
+    def _held_indices(self):
+        return self.store.records if isinstance(self.store, DiskStore) else self.store.items
+
+    def _read_cost(self, indices: list[int]) -> float:
+        """Seconds per sample to read ``indices`` back from the store into a batch's tensor."""
+        started = time.perf_counter()
+        rows = [self.store.get(i) for i in indices]
+        torch.from_numpy(np.stack(rows)) if self.kind == OUTPUT else [np.ascontiguousarray(r) for r in rows]
+        return (time.perf_counter() - started) / len(indices)
+
+    # ---- serving from the store ------------------------------------------------------------------
+    def _held(self, epoch: list[BatchPlan]) -> bool:
+        store = self.store
+        return all(i in store or i in store.bad for plan in epoch for i in plan.indices.tolist())
+
+    def _read_output(self, index: int, max_pixels: int):
+        if index in self.store.bad:
+            where, reason = self.store.bad[index]
+            raise DataError(where, reason)
+        return None, np.ones(2, dtype=np.int64)
+
+    def _from_store(self, epoch: list[BatchPlan], timer: StageTimer) -> Iterator:
+        if not hasattr(self, "_former"):
+            self._former = BatchFormer(self.plain.graph, _StoreSource(self.source, self._read_output), self.config,
+                                       read_stage=self.spec.stages[0].name, skips=self.plain.former.skips)
+        former, delivery = self._former, self.plain.delivery
+        former.begin(iter(epoch), timer)
+        while (host := former.next()) is not None:
+            if not host.good:
+                yield delivery.padding(host), host.info
+                continue
+            images = torch.from_numpy(np.stack([self.store.get(s.index) for s in host.good]))
+            yield delivery.stored(images, host), host.info
+
+    def profile(self, plans: list[BatchPlan]) -> StageTimes:
+        return self.plain.profile(plans)
+
+    def close(self) -> None:
+        self.plain.close()
+        if self.decoded is not None:
+            self.decoded.close()
