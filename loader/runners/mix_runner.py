@@ -130,7 +130,7 @@ class _Ahead:
         if isinstance(batch, BaseException):
             raise batch
         if event is not None:
-            taker = torch.cuda.current_stream(event.device if hasattr(event, "device") else None)
+            taker = torch.cuda.current_stream(self._cuda.device)
             taker.wait_event(event)
             _record(batch, taker)
         return batch
