@@ -108,8 +108,8 @@ def chunk_files(path) -> list[str]:
                   if p.endswith(".feedline-chunk"))
 
 
-@pytest.mark.parametrize("name", ["day.tsv", "day.tsv.gz"])
-def test_three_epochs_same_bits_with_and_without_the_cache(made, name, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, mode", [("day.tsv", "on"), ("day.tsv.gz", "on"), ("day.tsv", "auto")])
+def test_three_epochs_same_bits_with_and_without_the_cache(made, name, mode, tmp_path, monkeypatch):
     counts = Counts(monkeypatch)
     plain = loader_of(copy(made, name, tmp_path / "plain"), "off")
     expected = [epoch_digest(plain) for _ in range(3)]
@@ -119,7 +119,7 @@ def test_three_epochs_same_bits_with_and_without_the_cache(made, name, tmp_path,
     assert len(expected_skips) == len(BAD_LINES)
 
     path = copy(made, name, tmp_path / "cached")
-    loader = loader_of(path, "on")
+    loader = loader_of(path, mode)
     first = epoch_digest(loader)
     parsed, read = counts.take()
     assert parsed >= 9 and len(chunk_files(path)) == 9  # every chunk parsed once and kept
@@ -128,7 +128,9 @@ def test_three_epochs_same_bits_with_and_without_the_cache(made, name, tmp_path,
     assert parsed == 0 and read > 0  # later epochs read chunks, from the cache only
     assert [first, *later] == expected
     assert [(os.path.basename(s.where), s.reason) for s in loader.skipped] == expected_skips
-    assert loader.source.reader.cache_decision.use
+    decision = loader.source.reader.cache_decision
+    assert decision.use and decision.measured and decision.mode == mode
+    assert decision.recompute_s > 0 and decision.read_s > 0 and decision.bytes_needed > 0
     loader.close()
 
 
@@ -339,8 +341,9 @@ def test_off_neither_writes_nor_reads_and_auto_leaves_a_table_held_in_memory_alo
 
 
 def test_chunks_written_by_each_rank_serve_the_next_run(made, tmp_path, monkeypatch):
-    path = copy(made, "day.tsv", tmp_path)
-    whole = loader_of(copy(made, "day.tsv", tmp_path / "plain"), "off")
+    """Two files (plain and gzip) read as one table by two ranks, then by one."""
+    path = [copy(made, "day.tsv", tmp_path), copy(made, "day.tsv.gz", tmp_path)]
+    whole = loader_of([copy(made, name, tmp_path / "plain") for name in ("day.tsv", "day.tsv.gz")], "off")
     expected = epoch_digest(whole)
     whole.close()
     for rank in range(2):
@@ -350,7 +353,8 @@ def test_chunks_written_by_each_rank_serve_the_next_run(made, tmp_path, monkeypa
     counts = Counts(monkeypatch)
     after = loader_of(path, "on")
     assert epoch_digest(after) == expected
-    assert counts.take()[0] == 0  # every chunk was written by one rank or the other
+    assert counts.take()[0] == 0  # every chunk of both files was written by one rank or the other
+    assert len(chunk_files(path[0])) == len(chunk_files(path[1])) == 9
     after.close()
 
 
