@@ -131,6 +131,7 @@ def test_three_epochs_same_bits_with_and_without_the_cache(made, name, mode, tmp
     decision = loader.source.reader.cache_decision
     assert decision.use and decision.measured and decision.mode == mode
     assert decision.recompute_s > 0 and decision.read_s > 0 and decision.bytes_needed > 0
+    assert loader.plan["cache"] == decision.as_dict()  # what feedline plan shows
     loader.close()
 
 

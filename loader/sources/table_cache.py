@@ -128,7 +128,7 @@ class _File:
                 os.makedirs(candidate, exist_ok=True)
                 cached_chunks.remove_stale_temporaries(candidate)
                 doc = {"format": "feedline-tablecache", "version": VERSION, "file": os.path.realpath(self.path),
-                       "fingerprint": asdict(self.fingerprint), "definition": self.definition}
+                       "fingerprint": _content(self.fingerprint), "definition": self.definition}
                 cached_chunks.write_file(os.path.join(candidate, KEY_FILE), [json.dumps(doc).encode()])
                 self.folder = candidate
                 if candidate not in self.readable:
@@ -165,7 +165,7 @@ class TableCache:
         self.chunks += int(index.rows.size)
         key = None
         if fingerprint is not None:
-            doc = {"version": VERSION, "fingerprint": asdict(fingerprint), "definition": definition,
+            doc = {"version": VERSION, "fingerprint": _content(fingerprint), "definition": definition,
                    "parser": _parser_digest(), "chunks": [a.tolist() for a in (index.starts, index.stops,
                                                                                index.lines, index.rows)]}
             key = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).digest()[:cached_chunks.KEY_BYTES]
@@ -324,10 +324,18 @@ def _remove_other_versions(folder: str, fingerprint: Fingerprint) -> None:
     for entry in entries:
         try:
             doc = json.loads(Path(entry.path, KEY_FILE).read_text())
-            if doc.get("fingerprint") != asdict(fingerprint):
+            if doc.get("fingerprint") != _content(fingerprint):
                 shutil.rmtree(entry.path, ignore_errors=True)
         except (OSError, ValueError, AttributeError):
             pass
+
+
+def _content(fingerprint: Fingerprint) -> dict:
+    """What identifies the file's content, wherever it is mounted: its fingerprint less the device number (which
+    differs between the machines that mount one network file system, whose ranks share one cache)."""
+    fields = asdict(fingerprint)
+    del fields["device"]
+    return fields
 
 
 def _only_key_file(folder: str) -> bool:
