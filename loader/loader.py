@@ -183,8 +183,7 @@ class Loader:
         """The current placement decision: with ``placement="auto"``, the scheduler's, the measurements behind
         it and the history of changes; otherwise the fixed placement. ``cache``: whether the pipeline's
         deterministic prefix is cached, why, and the figures (``cache_policy.decide``)."""
-        table = getattr(getattr(self.source, "reader", None), "cache_decision", None)  # a text table's
-        return {**self.placer.report(), "cache": self._caches.report() if table is None else table.as_dict()}
+        return {**self.placer.report(), "cache": self._caches.report()}
 
     @property
     def skipped(self) -> list[Skipped]:
@@ -195,8 +194,9 @@ class Loader:
         """Make the next iteration run ``epoch`` from its start (as ``DistributedSampler.set_epoch``): the whole
         epoch, also after a resume on another number of ranks mid-way through it."""
         self.cursor.go_to(int_at_least("epoch", epoch, 0), pinned=True)
-        self.sampler = plain(self.sampler)
-        self._close_stream()
+        if self.sampler is not plain(self.sampler):  # (its batches made ahead are the rest's)
+            self.sampler = plain(self.sampler)
+            self._close_stream()
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (with ``on_error="skip"``, skips can make an epoch shorter)."""

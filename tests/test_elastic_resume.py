@@ -362,3 +362,14 @@ def test_torchrun_resizes_from_4_to_2_ranks_with_an_all_reduce_per_batch(tmp_pat
     shares = [EpochSampler(27, 2, seed=4, rank=r, world_size=4).positions(0, 0, 7)[0].tolist() for r in range(4)]
     assert [s["cursor"] for s in saved] == [7 if b in share[:6] else 6 for share in shares]
     assert any(b in share[:6] for share in shares)  # (so one rank's state could not tell them all)
+
+
+def test_set_epoch_keeps_the_batches_made_ahead_where_no_resize_is_undone(folder):
+    """The batch thread runs on into the next epoch; ``set_epoch`` of that epoch (as a DistributedSampler loop calls
+    it) keeps it: only leaving the rest of a resized epoch starts a new one."""
+    spec = image.train(folder, size=16, output="uint8")
+    loader = Loader(spec, batch_size=3, placement="cpu", seed=2, rank=0, world_size=2, num_threads=1)
+    take(iter(loader), None)
+    stream = loader.background
+    loader.set_epoch(1)
+    assert stream is not None and loader.background is stream
