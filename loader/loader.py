@@ -183,7 +183,8 @@ class Loader:
         """The current placement decision: with ``placement="auto"``, the scheduler's, the measurements behind
         it and the history of changes; otherwise the fixed placement. ``cache``: whether the pipeline's
         deterministic prefix is cached, why, and the figures (``cache_policy.decide``)."""
-        return {**self.placer.report(), "cache": self._caches.report()}
+        table = getattr(getattr(self.source, "reader", None), "cache_decision", None)  # a text table's
+        return {**self.placer.report(), "cache": self._caches.report() if table is None else table.as_dict()}
 
     @property
     def skipped(self) -> list[Skipped]:
