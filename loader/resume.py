@@ -141,6 +141,8 @@ def resumed(states: list[Mapping[str, Any]], order: Order) -> Resume:
         stops = [first["cursor"]] * world
     else:
         stops = [s["cursor"] for s in states]
+    if not any(stops) and not first.get("resizes"):  # nothing of the epoch delivered yet: it is this job's own
+        return Resume(order, {"epoch": epoch, "position": 0, "cursor": 0, "complete": False}, _skips(states))
     before = order_of(order.for_rank(0, world), first.get("resizes", []), epoch)
     rest = ResumedOrder(order, before, epoch, stops)
     return Resume(rest, {"epoch": epoch, "position": 0, "cursor": 0, "complete": rest.share == 0}, _skips(states))

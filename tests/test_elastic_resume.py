@@ -373,3 +373,18 @@ def test_set_epoch_keeps_the_batches_made_ahead_where_no_resize_is_undone(folder
     stream = loader.background
     loader.set_epoch(1)
     assert stream is not None and loader.background is stream
+
+
+def test_a_state_before_an_epochs_first_batch_gives_the_new_ranks_the_whole_epoch(folder):
+    """Nothing of the epoch was delivered: the new job runs it as its own (not the old shares with their padding)."""
+    spec = image.train(folder, size=16, output="uint8")
+
+    def make(rank, world):
+        return Loader(spec, batch_size=3, placement="cpu", seed=2, rank=rank, world_size=world, last_batch="pad",
+                      num_threads=1)
+
+    old = make(1, 4)
+    old.set_epoch(1)
+    new = make(0, 3)
+    new.load_state_dict(old.state_dict())
+    assert new.epoch == 1 and take(iter(new), None) == take(iter(reference(make)), None)
