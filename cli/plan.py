@@ -19,6 +19,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     plan.add_argument("--placement", default="auto", choices=("auto", "cpu", "gpu"),
                       help="auto (default): profile and let the scheduler choose; cpu or gpu: the fixed plan, "
                            "with its measured rate")
+    plan.add_argument("--cache", choices=("auto", "on", "off"), default="auto",
+                      help="cache the pipeline's deterministic prefix: auto (default: where measured to pay), on, off")
+    plan.add_argument("--cache-dir", default=None, metavar="DIR",
+                      help="keep the cache in this folder (reused by later runs) instead of RAM")
     plan.add_argument("--json", type=json_path, metavar="PATH", help="also write the plan as JSON")
     plan.add_argument("--no-progress", action="store_true")
     add_remote_workers(plan)
@@ -44,7 +48,11 @@ def run(parser: argparse.ArgumentParser, args) -> dict:
         from ..loader.runners.remote import RayWorkers
         remote = RayWorkers(args.remote_workers, args.cpus_per_worker, args.ray_address)
     auto = args.placement == "auto"
-    loader = Loader(spec, batch_size, placement=args.placement, device=device, last_batch="drop", remote=remote)
+    from ..loader.cache_policy import CacheSettings
+
+    cache = CacheSettings(args.cache, directory=args.cache_dir)
+    loader = Loader(spec, batch_size, placement=args.placement, device=device, last_batch="drop", remote=remote,
+                    cache=cache)
     with tqdm(total=2 + batches, desc="plan", unit="step", disable=args.no_progress) as bar, _ticking(bar):
         try:
             stream = endless(lambda: loader)
@@ -70,7 +78,14 @@ def run(parser: argparse.ArgumentParser, args) -> dict:
         print(f"profiling  {format_value(report['profile_seconds'])} s over {report['profile_samples']:,} samples")
     else:
         print(format_fixed_plan(report, args.placement))
+    print(format_cache(report["cache"]))
     return report
+
+
+def format_cache(cache: dict) -> str:
+    """The cache's line: what is kept, where, and the decision with its reason."""
+    kept = f"{cache['kind']} in {cache['where']}, " if "kind" in cache else ""
+    return f"cache      {kept}{cache['reason']}"
 
 
 def _counted(stream, tick):

@@ -23,7 +23,7 @@ import torch
 from ...pipelines.imaging.types import Dtype
 from ...pipelines.spec import PipelineSpec
 from ..cache_policy import CacheDecision, available_bytes, decide
-from ..errors import DataError, Skipped
+from ..errors import DataError, OnError, Skipped
 from ..sampler import BatchPlan
 from ..skip_log import SkipLog
 from .contract import NO_TIMER, BatchInfo, RunnerConfig, StageTimer, StageTimes
@@ -72,18 +72,18 @@ class _StoreSource:
 
 
 class _Decoder:
-    """Decodes one sample's bytes to uint8 RGB ``HWC`` on the host, with DALI's decoder of the placement
-    (``mixed`` on a GPU: nvJPEG), so the pixels are those the uncached pipeline decodes."""
+    """Decodes batches of encoded samples to uint8 RGB ``HWC`` on the host, with DALI's decoder of the placement
+    (``mixed`` on a GPU: nvJPEG) on the runner's threads, so the pixels are those the uncached pipeline decodes."""
 
-    def __init__(self, device_id: int | None):
-        self.device_id = device_id
+    def __init__(self, device_id: int | None, batch_size: int, num_threads: int):
+        self.device_id, self.batch_size, self.num_threads = device_id, batch_size, num_threads
         self._pipe = None
 
     def _build(self):
         from nvidia.dali import Pipeline, fn, types
 
-        pipe = Pipeline(batch_size=1, num_threads=1, device_id=self.device_id, prefetch_queue_depth=1,
-                        exec_async=False, exec_pipelined=False)
+        pipe = Pipeline(batch_size=self.batch_size, num_threads=self.num_threads, device_id=self.device_id,
+                        prefetch_queue_depth=1, exec_async=False, exec_pipelined=False)
         with pipe:
             encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
             pipe.set_outputs(fn.decoders.image(encoded, device="cpu" if self.device_id is None else "mixed",
@@ -91,19 +91,60 @@ class _Decoder:
         pipe.build()
         return pipe
 
-    def decode(self, data: np.ndarray, where: str) -> np.ndarray:
+    def decode(self, encoded: list[np.ndarray]) -> list[np.ndarray]:
+        """The decoded images; a RuntimeError (DALI's) where one cannot be decoded."""
         if self._pipe is None:
             self._pipe = self._build()
         try:
-            self._pipe.feed_input("encoded", [data])
+            self._pipe.feed_input("encoded", encoded)
             (out,) = self._pipe.run()
-        except RuntimeError as exc:
+        except RuntimeError:
             self._pipe = None  # DALI invalidates a pipeline that failed
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise DataError(where, f"cannot be decoded: {first}") from None
+            raise
         if self.device_id is not None:
             out = out.as_cpu()
-        return np.array(out[0])
+        return [np.array(out[i]) for i in range(len(encoded))]
+
+    def decode_one(self, data: np.ndarray, where: str) -> np.ndarray:
+        try:
+            return self.decode([data])[0]
+        except RuntimeError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise DataError(where, f"cannot be decoded: {first}") from None
+
+
+class _DecodingFormer(BatchFormer):
+    """Forms batches of decoded images: those the store holds, and the rest decoded together on the runner's
+    threads (and kept). A sample that cannot be decoded is left out as DALI's failures are (``form_again``)."""
+
+    cache: "CachedImageRunner"
+
+    def _prepare(self, batch, encoded: list, sizes: list):
+        missing = [k for k, data in enumerate(encoded) if data.ndim == 1]
+        if missing:
+            cache = self.cache
+            started = time.perf_counter()
+            try:
+                images = cache.decoder.decode([encoded[k] for k in missing])
+            except RuntimeError:
+                images = None
+            if images is None:  # find the sample at fault, one by one
+                images = []
+                for k in missing:
+                    sample = batch.good[k]
+                    try:
+                        images.append(cache.decoder.decode_one(encoded[k], self.source.where(sample.index)))
+                    except DataError as error:
+                        if self.on_error is OnError.RAISE:
+                            raise
+                        self.form_again([batch], sample, error)
+                        return self._form()
+            cache.made_s += time.perf_counter() - started
+            cache.made += len(missing)
+            for k, image in zip(missing, images):
+                encoded[k] = image
+                cache.store.put(batch.good[k].index, image)
+        return super()._prepare(batch, encoded, sizes)
 
 
 class CachedImageRunner:
@@ -125,9 +166,10 @@ class CachedImageRunner:
         self.decoded = None
         if self.kind == DECODED:
             device_id = (config.device.index or 0) if graph.dali_on_gpu else None
-            self._decoder = _Decoder(device_id)
+            self.decoder = _Decoder(device_id, config.batch_size, config.num_threads)
+            former = type("DecodingFormer", (_DecodingFormer,), {"cache": self})
             self.decoded = ImageRunner(spec, _StoreSource(source, self._read_decoded), config,
-                                       skips=self.plain.former.skips, decoded=True)
+                                       skips=self.plain.former.skips, decoded=True, former=former)
 
     @property
     def skipped(self) -> list[Skipped]:
@@ -186,16 +228,11 @@ class CachedImageRunner:
                 self.store.put(int(index[r]), images[r])
 
     def _read_decoded(self, index: int, max_pixels: int):
+        """A held sample's decoded image, else its encoded bytes (``_DecodingFormer`` decodes them)."""
         image = self.store.get(index)
         if image is not None:
             return image, np.array([image.shape[1], image.shape[0]], dtype=np.int64)
-        data, size = self.source.read_checked(index, max_pixels)
-        started = time.thread_time()
-        image = self._decoder.decode(data, self.source.where(index))
-        self.made_s += time.thread_time() - started
-        self.made += 1
-        self.store.put(index, image)
-        return image, size
+        return self.source.read_checked(index, max_pixels)
 
     def _filled(self) -> None:
         """After an epoch made without the store: list the bad samples, finish a disk store that holds every
@@ -232,8 +269,9 @@ class CachedImageRunner:
     def _read_cost(self, indices: list[int]) -> float:
         """Seconds per sample to read ``indices`` back from the store into a batch's tensor."""
         started = time.perf_counter()
-        rows = [self.store.get(i) for i in indices]
-        torch.from_numpy(np.stack(rows)) if self.kind == OUTPUT else [np.ascontiguousarray(r) for r in rows]
+        rows = [np.array(self.store.get(i)) for i in indices]  # copied: a mapped file's pages are read
+        if self.kind == OUTPUT:
+            torch.from_numpy(np.stack(rows))
         return (time.perf_counter() - started) / len(indices)
 
     # ---- serving from the store ------------------------------------------------------------------

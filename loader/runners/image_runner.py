@@ -29,11 +29,13 @@ from .image_torch import TorchStages
 
 class ImageRunner:
     def __init__(self, spec: PipelineSpec, source: ImageFiles, config: RunnerConfig, *,
-                 gpu: torch.device | None = None, skips: SkipLog | None = None, decoded: bool = False):
+                 gpu: torch.device | None = None, skips: SkipLog | None = None, decoded: bool = False,
+                 former: type[BatchFormer] = BatchFormer):
         """``gpu``: the device that GPU-placed torch stages run on (default: ``config.device`` when it is a
         CUDA device, else ``cuda``); a test may pass the CPU to run them there. ``skips``: the log that the
         samples it leaves out go to (the Loader's; default: one of its own). ``decoded``: ``source`` reads
-        decoded images (a cache's), which DALI takes instead of files (``image_graph.plan``)."""
+        decoded images (a cache's), which DALI takes instead of files (``image_graph.plan``); ``former``:
+        what forms the host batches (a cache's, which decodes what it does not hold yet)."""
         import nvidia.dali  # noqa: F401  (now, on this thread: its exit hook must be registered before the Loader's)
 
         self.spec = spec
@@ -42,7 +44,7 @@ class ImageRunner:
         self.engines = self.graph.engines
         gpu = gpu or (config.device if config.device.type == "cuda" else torch.device("cuda"))
         self._outputs = BufferRing(capacity=config.prefetch + 3)  # queued, being made, with the trainer
-        self.former = BatchFormer(self.graph, source, config, read_stage=spec.stages[0].name, skips=skips)
+        self.former = former(self.graph, source, config, read_stage=spec.stages[0].name, skips=skips)
         self.session = DaliSession(self.graph, self.former, source, config)
         self.delivery = ImageDelivery(self.graph, TorchStages(self.graph, gpu, self._allocate), source.labels,
                                       config.device)
