@@ -57,7 +57,7 @@ class _PartStream:
         epochs = taken // self.size
         places = taken - epochs * self.size
         out = np.empty(taken.size, dtype=np.int64)
-        for e in np.unique(epochs).tolist():
+        for e in range(int(epochs[0]), int(epochs[-1]) + 1) if taken.size else ():
             mask = epochs == e
             at = places[mask]
             if self.table is None:
@@ -73,6 +73,8 @@ class MixOrder(Order):
     """An ``Order`` over a mix's places (see the module's docstring). ``num_samples`` and ``len()`` are those of
     epoch 0 under the weights it was made with; ``shard_size(epoch)`` is each epoch's own (with ``ends`` of
     "first" or "all" an epoch's length follows the weights)."""
+
+    skips_move_positions = False  # (a mix's runner makes every plan's batch from its own places: ``SkipFill.PADDING``)
 
     def __init__(self, spec: MixSpec, sources: MixedSources, batch_size: int, *, shuffle: bool = True, seed: int = 0,
                  rank: int = 0, world_size: int = 1, last_batch: LastBatch | str = LastBatch.PARTIAL,
@@ -230,8 +232,9 @@ class MixOrder(Order):
         window, offset = np.divmod(places - starts[which], self.window)
         source = np.empty(places.size, dtype=np.int64)
         nth = np.empty(places.size, dtype=np.int64)  # the sample's number among its source's places in the epoch
-        pairs = np.unique(np.stack([which, window]), axis=1)
-        for j, k in pairs.T.tolist():
+        span = int(window.max(initial=0)) + 1
+        for pair in np.unique(which * span + window).tolist():
+            j, k = divmod(pair, span)
             start, counts = segments[j]
             mask = (which == j) & (window == k)
             slots, before = self._slots(epoch, start, k, counts)
@@ -242,13 +245,15 @@ class MixOrder(Order):
         taken = self.taken_before(epoch)
         local = np.empty(places.size, dtype=np.int64)
         own = np.empty(places.size, dtype=np.int64)
-        for s in np.unique(source).tolist():
-            mask = source == s
-            stream_places = taken[s] + nth[mask]
-            order = np.argsort(stream_places, kind="stable")
-            rows, epochs = self.streams[s].rows(stream_places[order])
-            local[np.flatnonzero(mask)[order]] = rows
-            own[np.flatnonzero(mask)[order]] = epochs
+        for s in range(len(self.names)):
+            at = np.flatnonzero(source == s)
+            if not at.size:
+                continue
+            stream_places = taken[s] + nth[at]
+            if stream_places.size > 1 and not (np.diff(stream_places) > 0).all():  # (padding wraps to the start)
+                order = np.argsort(stream_places, kind="stable")
+                stream_places, at = stream_places[order], at[order]
+            local[at], own[at] = self.streams[s].rows(stream_places)
         return self.offsets[source] + local, source, local, own
 
     # ---- a rank's share -----------------------------------------------------------------------------------

@@ -286,26 +286,63 @@ def _merged(name: str, size: int, reorder, empty):
 
 
 def _merged_jagged(size: int, pieces) -> dict:
-    """Key-major jagged parts (``keys``, ``values``, ``lengths``, ``offsets``) put back in plan order."""
-    keys = list(pieces[0][2]["keys"])
-    k = len(keys)
-    device = pieces[0][2]["values"].device
-    lengths = torch.zeros((k, size), dtype=pieces[0][2]["lengths"].dtype, device=device)
-    starts = torch.zeros((k, size), dtype=torch.int64, device=device)
-    values, base = [], 0
+    """Key-major jagged parts (``keys``, ``values``, ``lengths``, ``offsets``) put back in plan order: NumPy on
+    the CPU (torch's indexed assignment is many times slower there), torch on a GPU."""
+    first = pieces[0][2]
+    keys = list(first["keys"])
+    if first["values"].device.type == "cpu":
+        parts = [(places, rows, {name: jagged[name].numpy() for name in ("values", "lengths", "offsets")})
+                 for places, rows, jagged in pieces]
+        merged = _jagged_in_order(np, size, len(keys), parts, lambda a: a)
+        return {"keys": keys, **{name: torch.from_numpy(value) for name, value in merged.items()}}
+    device = first["values"].device
+    return {"keys": keys, **_jagged_in_order(torch, size, len(keys), pieces,
+                                             lambda a: torch.from_numpy(a).to(device))}
+
+
+def _jagged_in_order(xp, size: int, k: int, pieces, index) -> dict:
+    """``values``, ``lengths``, ``offsets`` of ``pieces`` (``(places, rows, jagged)``) laid out key-major over
+    the batch's ``size`` places; ``xp``: NumPy or torch, ``index``: a NumPy index array as one of ``xp``'s."""
+    like = pieces[0][2]
+    if all(bool((jagged["lengths"] == 1).all()) for _, _, jagged in pieces):  # one id per key and row
+        values = xp.empty((k, size), dtype=like["values"].dtype) if xp is np else \
+            torch.empty((k, size), dtype=like["values"].dtype, device=like["values"].device)
+        for places, rows, jagged in pieces:
+            n = jagged["lengths"].shape[0] // k
+            ids = jagged["values"].reshape(k, n)
+            values[:, index(places)] = ids if rows is None else ids[:, index(rows)]
+        lengths = xp.ones(k * size, dtype=like["lengths"].dtype) if xp is np else \
+            torch.ones(k * size, dtype=like["lengths"].dtype, device=values.device)
+        offsets = xp.arange(k * size + 1, dtype=like["offsets"].dtype) if xp is np else \
+            torch.arange(k * size + 1, dtype=like["offsets"].dtype, device=values.device)
+        return {"values": values.reshape(-1), "lengths": lengths, "offsets": offsets}
+    lengths_by_key, starts, values, base = None, None, [], 0
     for places, rows, jagged in pieces:
-        n = jagged["lengths"].numel() // k
-        at = torch.from_numpy(places).to(device)
-        take = torch.arange(n, device=device) if rows is None else torch.from_numpy(rows).to(device)
-        lengths[:, at] = jagged["lengths"].view(k, n)[:, take]
-        starts[:, at] = jagged["offsets"][:-1].view(k, n)[:, take] + base
+        n = jagged["lengths"].shape[0] // k
+        lengths = jagged["lengths"].reshape(k, n)
+        begins = jagged["offsets"][:-1].reshape(k, n) + base
+        if rows is not None:
+            lengths, begins = lengths[:, index(rows)], begins[:, index(rows)]
+        if lengths_by_key is None:
+            lengths_by_key = xp.zeros((k, size), dtype=lengths.dtype) if xp is np else \
+                torch.zeros((k, size), dtype=lengths.dtype, device=lengths.device)
+            starts = xp.zeros((k, size), dtype=begins.dtype) if xp is np else \
+                torch.zeros((k, size), dtype=begins.dtype, device=begins.device)
+        lengths_by_key[:, index(places)] = lengths
+        starts[:, index(places)] = begins
         values.append(jagged["values"])
-        base += jagged["values"].numel()
-    flat = lengths.reshape(-1).to(torch.int64)
-    offsets = torch.zeros(flat.numel() + 1, dtype=torch.int64, device=device)
-    torch.cumsum(flat, 0, out=offsets[1:])
+        base += jagged["values"].shape[0]
+    flat = lengths_by_key.reshape(-1)
+    if xp is np:
+        offsets = np.zeros(flat.size + 1, dtype=like["offsets"].dtype)
+        np.cumsum(flat, out=offsets[1:])
+        total = int(offsets[-1])
+        gather = np.repeat(starts.reshape(-1) - offsets[:-1], flat) + np.arange(total)
+        return {"values": np.concatenate(values)[gather], "lengths": flat, "offsets": offsets}
+    wide = flat.to(torch.int64)
+    offsets = torch.zeros(wide.numel() + 1, dtype=torch.int64, device=flat.device)
+    torch.cumsum(wide, 0, out=offsets[1:])
     total = int(offsets[-1])
-    gather = torch.repeat_interleave(starts.reshape(-1) - offsets[:-1], flat, output_size=total) \
-        + torch.arange(total, device=device)
-    return {"keys": keys, "values": torch.cat(values)[gather], "lengths": lengths.reshape(-1),
-            "offsets": offsets.to(pieces[0][2]["offsets"].dtype)}
+    gather = torch.repeat_interleave(starts.reshape(-1) - offsets[:-1], wide, output_size=total) \
+        + torch.arange(total, device=flat.device)
+    return {"values": torch.cat(values)[gather], "lengths": flat, "offsets": offsets.to(like["offsets"].dtype)}
