@@ -19,7 +19,7 @@ from typing import Any, Callable
 from ..pipelines.validate import positive_int
 from . import profile_advice as advice
 from .placement.profiler import profile as profile_stages
-from .profile_run import measure
+from .profile_run import measure, measure_handoff
 
 PROFILE_BATCHES = 5   # batches the per-stage profile times on one thread (after one warm-up batch)
 _last: "weakref.WeakKeyDictionary[Any, Profile]" = weakref.WeakKeyDictionary()
@@ -40,6 +40,7 @@ class Profile:
     timeline: list[list[float]]        # per batch: asked, got, step done (s); under the trainer when there is one
     profile_samples: int
     notes: list[str] = field(default_factory=list)
+    batch_costs: dict[str, float] = field(default_factory=dict)  # ms per batch beyond the stages (model's inputs)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,7 +73,8 @@ def profile_loader(loader, *, batches: int = 40, trainer_step_ms: float | str | 
     config = loader.config
     cut, threads = loader.cut, loader.num_threads
     costs = profile_stages(spec, config, _runners(loader), _orders(loader),
-                           gpu=getattr(loader.device, "type", "cpu") == "cuda", batches=PROFILE_BATCHES)
+                           gpu=getattr(loader.device, "type", "cpu") == "cuda", batches=PROFILE_BATCHES,
+                           delivery_s=measure_handoff())
     model = advice.model(spec, costs, batch_size=loader.batch_size, device=loader.device, cut=cut, threads=threads)
     rows = advice.stage_rows(spec, model, cut)
     top = advice.bottleneck(rows, model)
@@ -99,7 +101,10 @@ def profile_loader(loader, *, batches: int = 40, trainer_step_ms: float | str | 
                                         wait_share=loaded.wait_share if loaded else None,
                                         text_table=source_format in ("tsv", "csv")),
         timeline=[list(t) for t in (loaded or measured.capacity).timeline],
-        profile_samples=costs.samples, notes=notes)
+        profile_samples=costs.samples, notes=notes,
+        batch_costs={name: 1000.0 * getattr(costs.batch_costs, field)
+                     for name, field in (("forming_ms", "cpu_s"), ("batch_thread_ms", "thread_s"),
+                                         ("hand_off_ms", "delivery_s"), ("copies_ms", "transfer_s"))})
     _last[loader] = profile
     return profile
 

@@ -42,7 +42,7 @@ def model(spec, costs: StageProfile, *, batch_size: int, device, cut: int, threa
         monitor.close()
     resources = Resources(cores=available_cores(), trainer_cpu_cores_busy=0.0, gpu=reading,
                           h2d_bytes_per_s=costs.h2d_bytes_per_s)
-    measurements = Measurements(costs.costs, costs.source_bytes_per_sample, resources)
+    measurements = Measurements(costs.costs, costs.source_bytes_per_sample, resources, batch=costs.batch_costs)
     return model_of(spec, measurements, batch_size=batch_size, on_gpu=on_gpu, cut=cut, threads=threads)
 
 
@@ -73,11 +73,13 @@ def stage_rows(spec, m: Model, cut: int) -> list[dict[str, Any]]:
         seconds = cost.cpu_s_per_sample if backend == "cpu" else cost.gpu_s_per_sample
         rows.append({"stage": stage.name, "backend": backend, "ms_per_sample": 1000.0 * (seconds or 0.0),
                      "cpu_ms_per_sample": _ms(cost.cpu_s_per_sample), "gpu_ms_per_sample": _ms(cost.gpu_s_per_sample),
+                     "blocked_ms_per_sample": 1000.0 * cost.blocked_s_per_sample if backend == "cpu" else 0.0,
                      "bytes_out_per_sample": cost.bytes_out_per_sample})
     if m.current is not None and m.current.prediction.transfer_s_per_sample > 0:
         rows.append({"stage": TRANSFER, "backend": "pcie",
                      "ms_per_sample": 1000.0 * m.current.prediction.transfer_s_per_sample,
-                     "cpu_ms_per_sample": None, "gpu_ms_per_sample": None, "bytes_out_per_sample": 0.0})
+                     "cpu_ms_per_sample": None, "gpu_ms_per_sample": None, "blocked_ms_per_sample": 0.0,
+                     "bytes_out_per_sample": 0.0})
     total = sum(r["ms_per_sample"] for r in rows) or 1.0
     for r in rows:
         r["share"] = r["ms_per_sample"] / total
@@ -87,7 +89,7 @@ def stage_rows(spec, m: Model, cut: int) -> list[dict[str, Any]]:
 def bottleneck(rows: list[dict], m: Model) -> dict[str, Any]:
     """The stage that takes the most time on the resource that bounds the current placement."""
     resource = m.current.prediction.bottleneck if m.current is not None else "cpu"
-    on = {"cpu": ("cpu",), "gpu": ("gpu",), "transfer": ("pcie",)}[resource]
+    on = {"cpu": ("cpu",), "thread": ("cpu",), "gpu": ("gpu",), "transfer": ("pcie",)}[resource]
     candidates = [r for r in rows if r["backend"] in on] or rows
     top = max(candidates, key=lambda r: r["ms_per_sample"])
     return {"stage": top["stage"], "backend": top["backend"], "share": top["share"], "resource": resource,
@@ -175,7 +177,7 @@ def _savings(spec, m: Model, rows: list[dict], top: dict, threads: int,
              text_table: bool) -> list[tuple[str, str, float, bool]]:
     """Work taken away or added elsewhere: uint8 output, a converted table, remote workers, a cheaper stage."""
     pred = m.current.prediction
-    slowest = max(pred.cpu_s_per_sample, pred.gpu_s_per_sample, pred.transfer_s_per_sample)
+    slowest = max(pred.cpu_s_per_sample, pred.thread_s_per_sample, pred.gpu_s_per_sample, pred.transfer_s_per_sample)
     options = []
     last = spec.stages[-1]
     if isinstance(last, Normalize):
@@ -183,18 +185,18 @@ def _savings(spec, m: Model, rows: list[dict], top: dict, threads: int,
         after = _without(pred, norm["backend"], norm["ms_per_sample"] / 1000, transfer=pred.transfer_s_per_sample / 4)
         options.append(("output", 'use output="uint8" and normalise on the trainer\'s device (a quarter of the '
                                   'bytes, no normalize stage)', slowest / max(after, 1e-12), False))
-    if pred.bottleneck == "cpu":
+    if pred.bottleneck in ("cpu", "thread"):
         first = rows[0]
         if text_table and first["backend"] == "cpu" and top["stage"] == first["stage"]:
             rest = max(pred.cpu_core_s_per_sample - first["ms_per_sample"] / 1000, 1e-12)
             options.append(("convert", f"convert the text table once (`feedline convert`): {first['stage']} is "
                                        f"{first['share']:.0%} of the time", pred.cpu_core_s_per_sample / rest, True))
-        if threads >= m.measurements.resources.free_cores:
+        if pred.bottleneck == "thread" or threads >= m.measurements.resources.free_cores:
             per_core = 1.0 / pred.cpu_core_s_per_sample
             base = pred.samples_per_s
+            worker = min(threads * per_core, 1.0 / max(pred.thread_s_per_sample, 1e-12))  # its own batch thread
             options.append(("remote", f"add remote CPU workers (RayWorkers): each core adds about {per_core:,.0f} "
-                                      f"samples/s; one worker of {threads} cores", (base + threads * per_core) / base,
-                            True))
+                                      f"samples/s; one worker of {threads} cores", (base + worker) / base, True))
     if top["stage"] != TRANSFER and not any(o[0] == "convert" for o in options):
         after = _without(pred, top["backend"], top["ms_per_sample"] / 1000)
         options.append(("stage", f"make stage {top['stage']!r} cheaper: it is {top['share']:.0%} of the time "
@@ -205,12 +207,14 @@ def _savings(spec, m: Model, rows: list[dict], top: dict, threads: int,
 
 def _without(pred, backend: str, seconds: float, transfer: float | None = None) -> float:
     """The slowest resource's seconds per sample with ``seconds`` of a stage on ``backend`` taken away."""
-    cpu_s, gpu_s = pred.cpu_s_per_sample, pred.gpu_s_per_sample
+    cpu_s, gpu_s, thread_s = pred.cpu_s_per_sample, pred.gpu_s_per_sample, pred.thread_s_per_sample
     if backend == "cpu" and pred.cpu_core_s_per_sample > 0:
         cpu_s *= max(0.0, 1 - seconds / pred.cpu_core_s_per_sample)
+    if backend == "cpu":  # a bound: as if the stage ran on the batch thread, which it may not
+        thread_s = max(0.0, thread_s - seconds)
     elif backend == "gpu" and pred.gpu_busy_s_per_sample > 0:
         gpu_s *= max(0.0, 1 - seconds / pred.gpu_busy_s_per_sample)
-    return max(cpu_s, gpu_s, pred.transfer_s_per_sample if transfer is None else transfer)
+    return max(cpu_s, gpu_s, thread_s, pred.transfer_s_per_sample if transfer is None else transfer)
 
 
 def _us(ms: float) -> str:

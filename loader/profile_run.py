@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from ..pipelines.validate import positive_int
+from .background import BackgroundStream
 from .epochs import batch_size_of, endless
 
 AUTO = "auto"
 READY_S = 0.001     # a batch handed over within this was waiting in the queue when the trainer asked
 HELD_BATCHES = 8    # batches kept to replay the trainer loop on (the headroom)
+HANDOFF_ITEMS = 200  # items handed over to time the batch thread's hand-off
 
 Step = Callable[[dict], Any]
 
@@ -155,3 +157,19 @@ def _sync(loader) -> Callable[[], None]:
         import torch
         return torch.cuda.synchronize
     return lambda: None
+
+
+def measure_handoff(items: int = HANDOFF_ITEMS) -> float:
+    """Seconds per batch of the Loader's hand-off from its batch thread to the trainer's (``BackgroundStream``)
+    when the two wait on each other at every batch (a queue one deep, nothing to make): the queue and the
+    wake-ups, the per-batch cost a delivered batch carries whatever its size."""
+    positive_int("items", items)
+    stream = BackgroundStream(lambda: (i for i in range(items + 1)), 1, describe=lambda: "timing the hand-off")
+    try:
+        next(stream)  # the thread has started
+        started = time.perf_counter()
+        for _ in range(items):
+            next(stream)
+        return (time.perf_counter() - started) / items
+    finally:
+        stream.close()

@@ -38,6 +38,11 @@ def format_profile(p) -> str:
         rows.append((s["stage"], s["backend"], number(1000 * ms), number(ms * p.batch_size), f"{s['share']:.0%}",
                      _bytes(s["bytes_out_per_sample"]) if s["backend"] != "pcie" else ""))
     lines += _columns(rows, {2, 3, 4})
+    c = p.batch_costs
+    if c:
+        lines += ["", f"per batch   forming {number(c['forming_ms'])} ms of cores beyond the stages, the batch thread "
+                      f"{number(c['batch_thread_ms'])} ms, the hand-off {number(c['hand_off_ms'])} ms, copies "
+                      f"{number(c['copies_ms'])} ms (in the predictions, over the batch size)"]
     b = p.bottleneck
     lines += ["", f"bottleneck  {b['stage']} on the {b['resource']}: {b['share']:.0%} of the time, "
                   f"{number(1000 * b['ms_per_sample'])} us per sample", ""]

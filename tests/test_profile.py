@@ -24,7 +24,7 @@ from feedline.pipelines.features import FeatureStage
 from feedline.pipelines.stage import CPU_ONLY
 
 IMAGE_MS = 8.0          # planted CPU time per image
-ROW_US = 40.0           # planted CPU time per table row
+ROW_US = 100.0          # planted CPU time per table row (parsing an uncached chunk alone can take 20-40 us)
 
 
 def burn(seconds: float) -> None:
@@ -51,10 +51,10 @@ class SlowColumn(FeatureStage):
         return {"dense": data["dense"]}
 
 
-def assert_planted(profile, stage: str, planted_ms: float) -> None:
+def assert_planted(profile, stage: str, planted_ms: float, resource: str = "cpu") -> None:
     rows = {s["stage"]: s for s in profile.stages}
     assert profile.bottleneck["stage"] == stage
-    assert profile.bottleneck["resource"] == "cpu"
+    assert profile.bottleneck["resource"] == resource
     assert abs(rows[stage]["ms_per_sample"] - planted_ms) <= 0.15 * planted_ms, rows[stage]
     others = sum(s["ms_per_sample"] for s in profile.stages if s["stage"] != stage)
     assert profile.bottleneck["share"] == pytest.approx(rows[stage]["ms_per_sample"] / (rows[stage]["ms_per_sample"]
@@ -73,7 +73,8 @@ def test_a_planted_image_stage_is_the_bottleneck_with_its_cost(planted_images):
     with Loader(planted_images, 8, placement="cpu", num_threads=2, seed=3) as loader:
         before = loader.state_dict()
         profile = profile_loader(loader, batches=4, trainer_step_ms=5)
-        assert_planted(profile, "planted", IMAGE_MS)
+        # a custom stage runs on the batch thread, whatever the thread count: that one thread bounds the rate
+        assert_planted(profile, "planted", IMAGE_MS, resource="thread")
         assert loader.state_dict() == before and loader.epoch_summaries == {}
         first = next(iter(loader))["index"]
     with Loader(planted_images, 8, placement="cpu", num_threads=2, seed=3) as untouched:

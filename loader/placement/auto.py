@@ -128,7 +128,7 @@ class AutoPlacement:
                               trainer_gpu_busy_fraction=gpu_busy, h2d_bytes_per_s=self.profile.h2d_bytes_per_s)
         wait = self.wait.sample()
         return Measurements(self.profile.costs, self.profile.source_bytes_per_sample, resources,
-                            wait if wait.batches else None, samples_per_s)
+                            wait if wait.batches else None, samples_per_s, self.profile.batch_costs)
 
     def _restart_window(self) -> None:
         self._since, self._samples = self._clock(), 0

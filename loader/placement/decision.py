@@ -10,9 +10,9 @@ from .monitors import GpuReading
 
 @dataclass(frozen=True)
 class Prediction:
-    """Seconds per sample of each resource (cpu: on its threads; gpu: on the GPU time the trainer leaves),
-    the resulting throughput, and the load the pipeline adds: CPU core-seconds and idle-GPU seconds per
-    sample, and GPU bytes it needs."""
+    """Seconds per sample of each resource (cpu: on its threads; gpu: on the GPU time the trainer leaves;
+    thread: on the one batch thread), the resulting throughput, and the load the pipeline adds: CPU
+    core-seconds and idle-GPU seconds per sample, and GPU bytes it needs."""
 
     cpu_s_per_sample: float
     gpu_s_per_sample: float
@@ -22,6 +22,7 @@ class Prediction:
     cpu_core_s_per_sample: float
     gpu_busy_s_per_sample: float
     gpu_memory_bytes: float
+    thread_s_per_sample: float = 0.0
 
 
 @dataclass(frozen=True)

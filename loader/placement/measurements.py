@@ -20,20 +20,51 @@ def _optional_number(name: str, value) -> float | None:
 
 @dataclass(frozen=True)
 class StageCost:
-    """Measured cost of one stage: core-seconds per sample on one CPU thread, seconds per sample on an idle
-    GPU (None where it cannot run or was not measured), and bytes it outputs per sample."""
+    """Measured cost of one stage: seconds per sample on one CPU thread (its CPU time and the time it blocks
+    the thread), seconds per sample on an idle GPU (None where it cannot run or was not measured), and bytes
+    it outputs per sample. ``blocked_s_per_sample``: the part of the CPU seconds spent off the CPU (sleeping,
+    waiting on I/O) on the batch thread: it holds that thread but no core."""
 
     stage: str
     cpu_s_per_sample: float | None
     gpu_s_per_sample: float | None
     bytes_out_per_sample: float
+    blocked_s_per_sample: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.stage, str) or not self.stage:
             raise ValueError(f"stage must be a non-empty stage name, got {self.stage!r}")
-        _optional_number("cpu_s_per_sample", self.cpu_s_per_sample)
+        cpu = _optional_number("cpu_s_per_sample", self.cpu_s_per_sample)
         _optional_number("gpu_s_per_sample", self.gpu_s_per_sample)
         finite_at_least("bytes_out_per_sample", self.bytes_out_per_sample, 0.0)
+        blocked = finite_at_least("blocked_s_per_sample", self.blocked_s_per_sample, 0.0)
+        if blocked > (cpu or 0.0):
+            raise ValueError(f"blocked_s_per_sample ({blocked!r}) is part of cpu_s_per_sample ({cpu!r}) and cannot "
+                             f"exceed it")
+
+    @property
+    def core_s_per_sample(self) -> float | None:
+        """CPU seconds per sample on a core (the stage's time less its blocking)."""
+        return None if self.cpu_s_per_sample is None else self.cpu_s_per_sample - self.blocked_s_per_sample
+
+
+@dataclass(frozen=True)
+class BatchCosts:
+    """What making a batch costs beyond its samples' stage costs, in seconds per batch (a batch of any size:
+    the model divides by its batch size). ``cpu_s``: core-seconds of forming and assembling it (the runner's
+    batch path less its stages); ``thread_s``: the batch thread's own CPU time per batch (stages on that thread
+    included), which no other thread can share; ``delivery_s``: handing it from the batch thread to the
+    trainer's (the queue, the wake-up); ``transfer_s``: the fixed part of its copies to the GPU (one
+    latency per tensor), beside the bytes over the bandwidth."""
+
+    cpu_s: float = 0.0
+    thread_s: float = 0.0
+    delivery_s: float = 0.0
+    transfer_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_s", "thread_s", "delivery_s", "transfer_s"):
+            finite_at_least(name, getattr(self, name), 0.0)
 
 
 @dataclass(frozen=True)
@@ -79,13 +110,15 @@ class Resources:
 
 @dataclass(frozen=True)
 class Measurements:
-    """One set of inputs to a decision. ``samples_per_s`` is the measured throughput of the current plan."""
+    """One set of inputs to a decision. ``samples_per_s`` is the measured throughput of the current plan;
+    ``batch`` what each batch costs beyond its samples."""
 
     costs: tuple[StageCost, ...]
     source_bytes_per_sample: float
     resources: Resources
     wait: WaitReading | None = None
     samples_per_s: float | None = None
+    batch: BatchCosts = BatchCosts()
 
     def __post_init__(self) -> None:
         costs = tuple(self.costs)
@@ -98,6 +131,8 @@ class Measurements:
         if self.wait is not None and not isinstance(self.wait, WaitReading):
             raise TypeError(f"wait must be a WaitReading or None, got {type(self.wait).__name__}")
         _optional_number("samples_per_s", self.samples_per_s)
+        if not isinstance(self.batch, BatchCosts):
+            raise TypeError(f"batch must be a BatchCosts, got {type(self.batch).__name__}")
 
     def demand_samples_per_s(self, batch_size: int) -> float | None:
         """Samples per second the trainer would take if it never waited; None until measured."""

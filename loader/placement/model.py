@@ -1,16 +1,21 @@
 """Predicting each candidate placement (cut, threads) from one set of measurements, ranking the candidates, and
 explaining the chosen one stage by stage. Pure: the same measurements give the same candidates.
 
-The model, for a candidate (cut, threads), all per sample:
-  cpu      = sum of the CPU stages' costs / min(threads, free cores)
+The model, for a candidate (cut, threads), all per sample (B: the batch size; "per batch" costs are
+``Measurements.batch``, each divided by B):
+  cpu      = (sum of the CPU stages' core seconds + forming per batch / B) / min(threads, free cores)
              free cores = cores - trainer's busy cores, at least MIN_CPU_SHARE
+  thread   = (the batch thread's CPU time per batch + the hand-off to the trainer per batch) / B
+             + the CPU stages' blocked seconds (sleeping, waiting on I/O on the batch thread): one thread
+             makes every batch, whatever the thread count
   gpu      = sum of the GPU stages' costs (on an idle GPU) / (1 - trainer's GPU busy fraction)
   transfer = max(bytes to the GPU / h2d bandwidth, bytes back to the host / d2h bandwidth)
+             + the copies' fixed cost per batch / B where anything crosses
              bytes to the GPU: what stages after the cut consume from before it, plus, when batches are
              delivered on the GPU and there is one, the outputs produced before the cut (for the all-CPU cut:
              the outputs);
              bytes back: the outputs made on the GPU when batches are delivered on the CPU.
-  samples/s = 1 / max(cpu, gpu, transfer)
+  samples/s = 1 / max(cpu, thread, gpu, transfer)
 GPU cuts are infeasible without a GPU, with the GPU >= GPU_SATURATED busy, or when their memory
 (batch bytes x (prefetch + 1) + reserve) exceeds free memory plus what the pipeline already holds.
 Candidates are ranked by samples/s capped at DEMAND_HEADROOM x the trainer's demand (batch size / its
@@ -140,7 +145,11 @@ class PlacementModel:
             stage = next(c.stage for c in costs[:cut] if c.cpu_s_per_sample is None) if None in cpu_costs else \
                 next(c.stage for c in costs[cut:] if c.gpu_s_per_sample is None)
             return [Candidate(cut, t, None, f"{stage} has no measured cost there", 0.0, 2) for t in thread_counts]
-        core_s, gpu_busy_s = sum(cpu_costs), sum(gpu_costs)
+        per_batch_costs, b = m.batch, self.batch_size
+        blocked_s = sum(c.blocked_s_per_sample for c in costs[:cut])
+        core_s = sum(cpu_costs) - blocked_s + per_batch_costs.cpu_s / b
+        thread_s = blocked_s + (per_batch_costs.thread_s + per_batch_costs.delivery_s) / b
+        gpu_busy_s = sum(gpu_costs)
         on_gpu = self.uses_gpu(cut)
         gpu_s = gpu_busy_s / max(1.0 - res.trainer_gpu_busy_fraction, 1e-6) if on_gpu else 0.0
         crossing = set(self._crossing[cut])
@@ -152,6 +161,8 @@ class PlacementModel:
         h2d = self._bytes(crossing, costs, m.source_bytes_per_sample)
         d2h = self._bytes(back, costs, m.source_bytes_per_sample)
         transfer_s = max(h2d / res.h2d_bytes_per_s, d2h / (res.d2h_bytes_per_s or res.h2d_bytes_per_s))
+        if h2d > 0 or d2h > 0:
+            transfer_s += per_batch_costs.transfer_s / b
         per_batch = (res.gpu_memory_needed_per_batch or {}).get(cut)
         if per_batch is None:
             per_batch = self.batch_size * (self._bytes(self._crossing[cut], costs, m.source_bytes_per_sample)
@@ -166,8 +177,9 @@ class PlacementModel:
         candidates = []
         for threads in thread_counts:
             cpu_s = core_s / min(threads, res.free_cores)
-            slowest = max(cpu_s, gpu_s, transfer_s, 1e-12)
-            bottleneck = "cpu" if slowest == cpu_s else "gpu" if slowest == gpu_s else "transfer"
+            slowest = max(cpu_s, thread_s, gpu_s, transfer_s, 1e-12)
+            bottleneck = "cpu" if slowest == cpu_s else "thread" if slowest == thread_s else \
+                "gpu" if slowest == gpu_s else "transfer"
             samples_per_s = 1.0 / slowest
             prefetch = prefetch_depth(samples_per_s, demand, m.wait)
             memory = per_batch * (prefetch + 1) + self.gpu_memory_reserve_bytes if on_gpu else 0.0
@@ -175,7 +187,8 @@ class PlacementModel:
             if why_not is None and memory > available and on_gpu:
                 why_not = f"it needs {format_bytes(memory)} of GPU memory, {format_bytes(available)} free"
             score = 0.0 if why_not else min(samples_per_s, demand * DEMAND_HEADROOM) if demand else samples_per_s
-            prediction = Prediction(cpu_s, gpu_s, transfer_s, samples_per_s, bottleneck, core_s, gpu_busy_s, memory)
+            prediction = Prediction(cpu_s, gpu_s, transfer_s, samples_per_s, bottleneck, core_s, gpu_busy_s, memory,
+                                    thread_s)
             candidates.append(Candidate(cut, threads, prediction, why_not, score, prefetch))
         return candidates
 

@@ -1,13 +1,18 @@
-"""A short profiling run: what each stage costs on each backend, what it outputs, and what the source reads.
+"""A short profiling run: what each stage costs on each backend, what it outputs, and what the source reads,
+and what each batch costs beyond its samples' stages.
 
 Costs are measured through the runners' own profiling hook, on one thread, over a few batches of the
 dataset's first samples in a fixed shuffled order, outside any epoch, so profiling never consumes or reorders
-what the trainer is given. GPU costs are measured only where a GPU is.
+what the trainer is given. GPU costs are measured only where a GPU is. Then as many batches of the next samples
+are made through the runner's own batch path (as the Loader's batch thread runs it): its process CPU time
+beyond the stages' is the forming cost per batch, and this thread's CPU time the batch thread's own share.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import resource
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -17,9 +22,10 @@ import torch
 from ...pipelines.spec import PipelineSpec
 from ..runners.contract import Runner, RunnerConfig, StageTimes
 from ..sampler import BatchPlan
-from .measurements import DEFAULT_H2D_BYTES_PER_S, StageCost
+from .measurements import DEFAULT_H2D_BYTES_PER_S, BatchCosts, StageCost
 
 PROBE_SEED = 12345  # the fixed shuffled order of profiling and probes, apart from any epoch the trainer sees
+WARMUP = 1         # batches made before any is timed
 
 RunnerFactory = Callable[[RunnerConfig], Runner]
 # (batch size, seed) -> the order of the Loader's source for one rank: EpochSampler or StreamOrder
@@ -33,6 +39,7 @@ class Profile:
     h2d_bytes_per_s: float
     samples: int
     seconds: float  # wall time the profiling took
+    batch_costs: BatchCosts = BatchCosts()
 
 
 def first_plans(orders: OrderFactory, batch_size: int, batches: int) -> list[BatchPlan]:
@@ -47,45 +54,115 @@ def first_plans(orders: OrderFactory, batch_size: int, batches: int) -> list[Bat
 
 
 def profile(spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, orders: OrderFactory, *,
-            gpu: bool, batches: int = 3) -> Profile:
+            gpu: bool, batches: int = 3, delivery_s: float = 0.0) -> Profile:
     """``config``: the Loader's placement settings (its batch size and device); ``runners`` makes a runner
     for a config, ``orders`` the source's order. The CPU costs come from the all-CPU placement on one thread,
-    the GPU costs from the earliest GPU cut."""
+    the GPU costs from the earliest GPU cut. ``delivery_s``: the hand-off of a batch to the trainer's thread,
+    measured by the caller (the Loader's own hand-off lives above this package)."""
     started = time.perf_counter()
-    plans = first_plans(orders, config.batch_size, batches + 1)
+    plans = first_plans(orders, config.batch_size, 2 * batches + 1)
     batch_size = max(p.indices.size for p in plans)
-    cpu = _measure(runners, dataclasses.replace(config, cut=spec.all_cpu, device=torch.device("cpu"),
-                                                 batch_size=batch_size, seed=0, num_threads=1, prefetch=1), plans)
+    cpu, path = _measure(runners, dataclasses.replace(config, cut=spec.all_cpu, device=torch.device("cpu"),
+                                                       batch_size=batch_size, seed=0, num_threads=1, prefetch=1),
+                         plans)
     gpu_seconds: dict[str, float] = {}
     if gpu:
         cut = min(spec.valid_cuts())
-        on_gpu = _measure(runners, dataclasses.replace(config, cut=cut, device=torch.device("cuda"),
-                                                        batch_size=batch_size, seed=0, num_threads=1, prefetch=1),
-                          plans)
+        on_gpu, _ = _measure(runners, dataclasses.replace(config, cut=cut, device=torch.device("cuda"),
+                                                           batch_size=batch_size, seed=0, num_threads=1,
+                                                           prefetch=1), plans)
         gpu_names = {s.name for s in spec.stages[cut:]}
         gpu_seconds = {k: v / on_gpu.samples for k, v in on_gpu.seconds.items() if k in gpu_names}
         for group, seconds in on_gpu.together.items():
             share = {name: cpu.seconds.get(name, 0.0) for name in group}
             total = sum(share.values()) or 1.0
             gpu_seconds.update({name: seconds / on_gpu.samples * share[name] / total for name in group})
-    costs = tuple(StageCost(s.name, cpu.seconds.get(s.name, 0.0) / cpu.samples, gpu_seconds.get(s.name),
-                            cpu.bytes_out.get(s.name, 0.0)) for s in spec.stages)
-    h2d = measure_h2d() if gpu else DEFAULT_H2D_BYTES_PER_S
-    return Profile(costs, cpu.source_bytes_per_sample, h2d, cpu.samples, time.perf_counter() - started)
+    costs = tuple(StageCost(s.name, (cpu.seconds.get(s.name, 0.0) + cpu.blocked.get(s.name, 0.0)) / cpu.samples,
+                            gpu_seconds.get(s.name), cpu.bytes_out.get(s.name, 0.0),
+                            cpu.blocked.get(s.name, 0.0) / cpu.samples)
+                  for s in spec.stages)
+    h2d, latency = measure_h2d() if gpu else (DEFAULT_H2D_BYTES_PER_S, 0.0)
+    batch_costs = batch_costs_of(costs, path, delivery_s=delivery_s, transfer_s=latency * path.tensors)
+    return Profile(costs, cpu.source_bytes_per_sample, h2d, cpu.samples, time.perf_counter() - started,
+                   batch_costs)
 
 
-def _measure(runners: RunnerFactory, config: RunnerConfig, plans: list[BatchPlan]) -> StageTimes:
-    """The runner's profile of ``plans[1:]`` after a warm-up batch (``plans[0]``)."""
+def median_times(times: list[StageTimes]) -> StageTimes:
+    """One ``StageTimes`` of all ``times``' samples whose seconds per sample, per stage, are the median of theirs;
+    bytes out per sample are the mean over the samples."""
+    samples = sum(t.samples for t in times)
+
+    def median(per_batch: Callable[[StageTimes], dict]) -> dict:
+        keys = {k for t in times for k in per_batch(t)}
+        return {k: statistics.median(per_batch(t).get(k, 0.0) / max(t.samples, 1) for t in times) * samples
+                for k in keys}
+
+    bytes_out = {k: sum(t.bytes_out.get(k, 0.0) * t.samples for t in times) / max(samples, 1)
+                 for k in {k for t in times for k in t.bytes_out}}
+    source = sum(t.source_bytes_per_sample * t.samples for t in times) / max(samples, 1)
+    return StageTimes(samples, median(lambda t: t.seconds), bytes_out, source, median(lambda t: t.together),
+                      median(lambda t: t.blocked))
+
+
+@dataclass(frozen=True)
+class BatchPath:
+    """The runner's own batch path over some batches, timed on the thread that iterates it: the process's CPU
+    seconds, this thread's, and the tensors of a batch."""
+
+    batches: int
+    samples: int
+    process_cpu_s: float
+    thread_cpu_s: float
+    tensors: int
+
+
+def batch_costs_of(costs: tuple[StageCost, ...], path: BatchPath, *, delivery_s: float = 0.0,
+                   transfer_s: float = 0.0) -> BatchCosts:
+    """Per batch: the process CPU of the batch path beyond its samples' stage core seconds (forming,
+    assembling), and the batch thread's own CPU time (its stages included)."""
+    if path.batches == 0:
+        return BatchCosts(delivery_s=delivery_s, transfer_s=transfer_s)
+    staged = path.samples * sum(c.core_s_per_sample or 0.0 for c in costs)
+    return BatchCosts(cpu_s=max(0.0, path.process_cpu_s - staged) / path.batches,
+                      thread_s=path.thread_cpu_s / path.batches, delivery_s=delivery_s, transfer_s=transfer_s)
+
+
+def process_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _measure(runners: RunnerFactory, config: RunnerConfig, plans: list[BatchPlan]) -> tuple[StageTimes, BatchPath]:
+    """The runner's profile of the first half of the plans after the warm-up ones, batch by batch (each stage's
+    median per sample: a one-off cost, such as a kernel loaded at its first call, is no stage's steady cost),
+    then its batch path over the second half (other samples: what the first made may be cached)."""
     runner = runners(config)
+    half = WARMUP + (len(plans) - WARMUP) // 2
     try:
-        runner.profile(plans[:1])
-        return runner.profile(plans[1:])
+        runner.profile(plans[:WARMUP])
+        times = median_times([runner.profile([plan]) for plan in plans[WARMUP:half]])
+        return times, _batch_path(runner, plans[half:])
     finally:
         runner.close()
 
 
-def measure_h2d(size: int = 64 * 2 ** 20, repeats: int = 5) -> float:
-    """Host-to-device bandwidth from pinned memory, bytes/s."""
+def _batch_path(runner: Runner, plans: list[BatchPlan]) -> BatchPath:
+    batches = samples = tensors = 0
+    cpu0, thread0 = process_cpu(), time.thread_time()
+    made = runner.batches(iter(plans))
+    try:
+        for batch, _ in made:
+            if batch is not None:
+                batches += 1
+                samples += len(batch["index"])
+                tensors = len(batch)
+    finally:
+        made.close()
+    return BatchPath(batches, samples, process_cpu() - cpu0, time.thread_time() - thread0, tensors)
+
+
+def measure_h2d(size: int = 64 * 2 ** 20, repeats: int = 5) -> tuple[float, float]:
+    """Host-to-device bandwidth from pinned memory, bytes/s, and the fixed cost of one small copy, s."""
     host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
     dev = torch.empty(size, dtype=torch.uint8, device="cuda")
     dev.copy_(host, non_blocking=True)
@@ -94,4 +171,10 @@ def measure_h2d(size: int = 64 * 2 ** 20, repeats: int = 5) -> float:
     for _ in range(repeats):
         dev.copy_(host, non_blocking=True)
     torch.cuda.synchronize()
-    return size * repeats / (time.perf_counter() - started)
+    bandwidth = size * repeats / (time.perf_counter() - started)
+    small = 64
+    started = time.perf_counter()
+    for _ in range(repeats * 20):
+        dev[:small].copy_(host[:small], non_blocking=True)
+    torch.cuda.synchronize()
+    return bandwidth, (time.perf_counter() - started) / (repeats * 20)

@@ -63,7 +63,7 @@ def decide(plan: PlacementDecision, *, workers: int, cpus_per_worker: int, avail
     def none(why: str) -> RemoteDecision:
         return RemoteDecision(0, local, local, batch_s, transfer_s, why, put_s)
 
-    if plan.prediction.bottleneck != "cpu":
+    if plan.prediction.bottleneck not in ("cpu", "thread"):  # a worker has its own batch thread too
         return none(f"not used: the plan is bound by {plan.prediction.bottleneck}, not the CPU")
     if available_workers < 1:
         return none(f"not used: the Ray cluster has no {cpus_per_worker} free CPU(s) for a worker on another "

@@ -63,11 +63,27 @@ class RunnerConfig:
     cache: CacheSettings = CacheSettings(CacheMode.OFF)  # the Loader's ``cache`` (its default: "auto")
 
 
+def busy_time() -> float:
+    """Seconds this thread has been running or waiting off the CPU by its own doing (sleeping, reading a file,
+    waiting on a lock): the wall clock less the time it was ready to run but waited for a core (the kernel's
+    run-queue wait, ``/proc/thread-self/schedstat``). A stage that sleeps counts its sleep; one preempted by
+    other work on a busy machine does not count the preemption. Where the kernel does not tell, this thread's
+    CPU time."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            waited_ns = int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return time.thread_time()
+    return time.perf_counter() - waited_ns * 1e-9
+
+
 class StageTimer:
     """Seconds per stage, added up for a profiling caller. The caller makes one and passes it to a runner's
     batch path, which calls it around every stage whether timed or not: ``NO_TIMER``, the default, does
     nothing. ``clock`` is this thread's CPU time unless given (``time.perf_counter`` for stages timed end
-    to end around a synchronised device); ``timing`` says whether anything is timed, for work done only to
+    to end around a synchronised device). With that default, a stage timed by ``start``/``stop`` also adds to
+    ``blocked`` the time it held its thread off the CPU (sleeping, waiting on I/O: ``busy_time`` less the CPU
+    time), which ``seconds`` does not hold. ``timing`` says whether anything is timed, for work done only to
     be timed (a device synchronisation, a share of a fused stage's time)."""
 
     timing = True
@@ -75,15 +91,22 @@ class StageTimer:
     def __init__(self, clock: Callable[[], float] = time.thread_time):
         self.clock = clock
         self.seconds: dict[str, float] = {}
+        self.blocked: dict[str, float] = {}
+        self._busy_at: float | None = None
 
     def start(self) -> float:
         """The clock now, for ``stop``."""
+        self._busy_at = busy_time() if self.clock is time.thread_time else None
         return self.clock()
 
     def stop(self, stage: str, started: float) -> float:
         """Adds the time since ``started`` to ``stage``; returns the clock now (the start of what follows)."""
         now = self.clock()
         self.add(stage, now - started)
+        if self._busy_at is not None:
+            busy = busy_time()
+            self.blocked[stage] = self.blocked.get(stage, 0.0) + max(0.0, (busy - self._busy_at) - (now - started))
+            self._busy_at = busy
         return now
 
     def add(self, stage: str, seconds: float) -> None:
@@ -110,13 +133,16 @@ NO_TIMER: StageTimer = _NoTimer()
 class StageTimes:
     """What ``Runner.profile`` measured over ``samples`` samples: per stage, thread-seconds on the CPU or
     synchronised seconds on the GPU, and bytes out per sample; ``together`` holds stages timed only as a
-    group (their seconds together), and ``source_bytes_per_sample`` what the source read."""
+    group (their seconds together), and ``source_bytes_per_sample`` what the source read; ``blocked`` the time a
+    CPU stage held its thread off the CPU beside its ``seconds`` (a stage that sleeps or waits on I/O), where
+    that was measured."""
 
     samples: int
     seconds: Mapping[str, float]
     bytes_out: Mapping[str, float]
     source_bytes_per_sample: float
     together: Mapping[tuple[str, ...], float] = field(default_factory=dict)
+    blocked: Mapping[str, float] = field(default_factory=dict)
 
 
 class Runner(Protocol):

@@ -130,7 +130,7 @@ class ImageRunner:
             together[on_gpu] = wall
         else:
             seconds[graph.stages[0].name] = dali_cpu
-        return StageTimes(samples, seconds, bytes_out, encoded, together)
+        return StageTimes(samples, seconds, bytes_out, encoded, together, blocked=dict(timer.blocked))
 
     def close(self) -> None:
         self.session.close()

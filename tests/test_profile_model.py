@@ -1,0 +1,173 @@
+"""The placement model's per-batch costs (forming a batch, the batch thread, the hand-off to the trainer, the
+fixed cost of the copies) and stages that block their thread (a sleep, I/O): the prediction follows the
+arithmetic on injected measurements, and a stage that sleeps, per sample or per batch, is measured by the time it
+holds its thread and bounds the prediction."""
+import time
+
+import pytest
+
+from feedline.loader import Loader
+from feedline.loader import profile as profile_module
+from feedline.loader.placement.measurements import BatchCosts, Measurements, Resources, StageCost
+from feedline.loader.placement.model import PlacementModel
+from feedline.loader.placement.profiler import BatchPath, batch_costs_of
+from feedline.loader.profile import profile_loader
+from feedline.loader.runners.contract import StageTimer, busy_time
+from feedline.pipelines import image
+from feedline.pipelines.stage import Backend, PlainStage
+
+CPU_ONLY = frozenset({Backend.CPU})
+BOTH = frozenset({Backend.CPU, Backend.GPU})
+STAGES = [PlainStage("read", ("path",), ("encoded",), CPU_ONLY),
+          PlainStage("decode", ("encoded",), ("image",), BOTH)]
+SLEEP_MS = 6.0          # planted sleep per image
+BATCH_SLEEP_MS = 40.0   # planted sleep per batch
+
+
+def measurements(batch: BatchCosts, *, cores=4, trainer=0.0, read=(100e-6, 0.0), decode=(900e-6, 0.0)):
+    costs = (StageCost("read", read[0], None, 1e3, read[1]), StageCost("decode", decode[0], 20e-6, 4e3, decode[1]))
+    return Measurements(costs, 1e3, Resources(cores, trainer, None), batch=batch)
+
+
+def model(batch_size: int) -> PlacementModel:
+    return PlacementModel(STAGES, None, batch_size=batch_size, output_device="cpu", max_threads=None,
+                          gpu_memory_reserve_bytes=0.0)
+
+
+@pytest.mark.parametrize("batch_size", [1, 16, 256])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_per_batch_costs_are_divided_by_the_batch_size_on_their_resource(batch_size, threads):
+    batch = BatchCosts(cpu_s=4e-3, thread_s=2e-3, delivery_s=0.5e-3, transfer_s=1e-3)
+    p = model(batch_size).one(2, threads, measurements(batch, trainer=1.5)).prediction
+    core_s = 100e-6 + 900e-6 + 4e-3 / batch_size          # stages and forming share the cores
+    assert p.cpu_core_s_per_sample == pytest.approx(core_s)
+    assert p.cpu_s_per_sample == pytest.approx(core_s / min(threads, 4 - 1.5))
+    assert p.thread_s_per_sample == pytest.approx((2e-3 + 0.5e-3) / batch_size)  # one batch thread, not shared
+    assert p.transfer_s_per_sample == 0.0                  # all on the CPU, delivered there: nothing crosses
+    slowest = max(p.cpu_s_per_sample, p.thread_s_per_sample)
+    assert p.samples_per_s == pytest.approx(1 / slowest)
+    assert p.bottleneck == ("cpu" if slowest == p.cpu_s_per_sample else "thread")
+
+
+def test_without_per_batch_costs_the_prediction_is_the_stages_alone():
+    p = model(64).one(2, 2, measurements(BatchCosts())).prediction
+    assert (p.thread_s_per_sample, p.samples_per_s) == (0.0, pytest.approx(2 / 1000e-6))
+
+
+def test_the_batch_thread_bounds_a_pipeline_whose_batches_are_slow_to_form():
+    # 20 ms of the batch thread per batch of 16 (1.25 ms a sample) against 1 ms a sample over 3 cores
+    p = model(16).one(2, 3, measurements(BatchCosts(thread_s=20e-3))).prediction
+    assert p.bottleneck == "thread" and p.samples_per_s == pytest.approx(16 / 20e-3)
+
+
+def test_a_blocking_stage_holds_the_batch_thread_but_no_core():
+    # decode: 900 us of which 600 asleep; over 2 threads the cores see 400 us, the batch thread 600 us
+    p = model(8).one(2, 2, measurements(BatchCosts(), decode=(900e-6, 600e-6))).prediction
+    assert p.cpu_core_s_per_sample == pytest.approx(400e-6)
+    assert p.cpu_s_per_sample == pytest.approx(200e-6)
+    assert p.thread_s_per_sample == pytest.approx(600e-6)
+    assert p.bottleneck == "thread" and p.samples_per_s == pytest.approx(1 / 600e-6)
+
+
+def test_the_copies_fixed_cost_counts_only_where_something_crosses():
+    stages_gpu = model(32)
+    m = measurements(BatchCosts(transfer_s=3.2e-3))
+    gpu_m = Measurements(m.costs, m.source_bytes_per_sample,
+                         Resources(4, 0.0, None, h2d_bytes_per_s=1e9), batch=m.batch)
+    at_decode = stages_gpu.one(1, 1, gpu_m).prediction  # (predicted, though no GPU lets it run here)
+    # read's output (1 kB) goes to the GPU, decode's (4 kB) back to the host: the larger, plus the fixed cost
+    assert at_decode.transfer_s_per_sample == pytest.approx(4e3 / 1e9 + 3.2e-3 / 32)
+    on_cpu = stages_gpu.one(2, 1, gpu_m).prediction
+    assert on_cpu.transfer_s_per_sample == 0.0
+
+
+def test_batch_costs_are_what_the_batch_path_spent_beyond_its_stages():
+    costs = (StageCost("read", 100e-6, None, 1e3, 40e-6), StageCost("decode", 900e-6, None, 4e3))
+    # 4 batches of 16: 64 x 960 us of core time in the stages (read's blocking is no core time)
+    path = BatchPath(batches=4, samples=64, process_cpu_s=64 * 960e-6 + 4 * 3e-3, thread_cpu_s=4 * 5e-3, tensors=3)
+    got = batch_costs_of(costs, path, delivery_s=0.2e-3, transfer_s=0.1e-3)
+    assert (got.cpu_s, got.thread_s, got.delivery_s, got.transfer_s) == (
+        pytest.approx(3e-3), pytest.approx(5e-3), 0.2e-3, 0.1e-3)
+    cheaper = BatchPath(batches=4, samples=64, process_cpu_s=0.5 * 64 * 960e-6, thread_cpu_s=0.0, tensors=3)
+    assert batch_costs_of(costs, cheaper).cpu_s == 0.0  # noise below the stages' sum is no negative cost
+    assert batch_costs_of(costs, BatchPath(0, 0, 0.0, 0.0, 0), delivery_s=1e-3) == BatchCosts(delivery_s=1e-3)
+
+
+def test_bad_costs_are_named():
+    with pytest.raises(ValueError, match="delivery_s must be"):
+        BatchCosts(delivery_s=-1.0)
+    with pytest.raises(ValueError, match=r"blocked_s_per_sample \(0.002\) is part of cpu_s_per_sample \(0.001\)"):
+        StageCost("read", 1e-3, None, 0.0, 2e-3)
+    with pytest.raises(TypeError, match="batch must be a BatchCosts, got dict"):
+        Measurements((), 0.0, Resources(1, 0.0, None), batch={})
+
+
+def test_the_stage_timer_counts_a_sleep_as_blocked_and_a_burn_as_not():
+    timer = StageTimer()
+    started = timer.start()
+    time.sleep(0.05)
+    started = timer.stop("sleeps", started)
+    until = time.thread_time() + 0.03
+    while time.thread_time() < until:
+        pass
+    timer.stop("burns", started)
+    # seconds: CPU time (the scheduler's core seconds); blocked: held off the CPU, beside it
+    assert timer.seconds["sleeps"] < 0.02 and timer.blocked["sleeps"] >= 0.045
+    assert timer.seconds["burns"] >= 0.03 and timer.blocked["burns"] < 0.5 * timer.seconds["burns"]
+    before = busy_time()
+    time.sleep(0.02)
+    assert busy_time() - before >= 0.019  # a sleep is busy time of its thread (no run-queue wait to take off)
+    wall = StageTimer(time.perf_counter)
+    wall.stop("x", wall.start())
+    assert wall.blocked == {}  # stages timed end to end (a synchronised device) have no CPU time to tell apart
+
+
+# ---- planted in a real pipeline ------------------------------------------------------------------------------
+def sleep_per_image(images):
+    time.sleep(SLEEP_MS / 1000 * len(images))
+    return images
+
+
+def sleep_per_batch(images):
+    time.sleep(BATCH_SLEEP_MS / 1000)
+    return images
+
+
+def planted(image_dir, fn, name):
+    return image.pipeline(image_dir, [image.decode(), image.resize((32, 32)), image.custom(fn, name=name),
+                                      image.normalize()])
+
+
+def test_a_stage_that_sleeps_is_measured_by_the_time_it_holds_its_thread(image_dir):
+    with Loader(planted(image_dir, sleep_per_image, "sleeps"), 8, placement="cpu", num_threads=2) as loader:
+        profile = profile_loader(loader, batches=3)
+    rows = {s["stage"]: s for s in profile.stages}
+    assert abs(rows["sleeps"]["ms_per_sample"] - SLEEP_MS) <= 0.15 * SLEEP_MS, rows["sleeps"]
+    assert profile.bottleneck["stage"] == "sleeps" and profile.bottleneck["resource"] == "thread"
+    # the batch thread holds the sleep whatever the thread count: no more than 1 / 6 ms predicted
+    current = next(p for p in profile.placements if p["current"])
+    assert current["bound_by"] == "thread" and current["predicted_samples_per_s"] <= 1000 / SLEEP_MS
+
+
+def test_a_sleep_per_batch_is_in_the_prediction(image_dir):
+    batch = 8
+    with Loader(planted(image_dir, sleep_per_batch, "per_batch"), batch, placement="cpu") as loader:
+        profile = profile_loader(loader, batches=3)
+    rows = {s["stage"]: s for s in profile.stages}
+    per_sample = BATCH_SLEEP_MS / batch
+    assert abs(rows["per_batch"]["ms_per_sample"] - per_sample) <= 0.15 * per_sample, rows["per_batch"]
+    assert profile.measured["predicted_samples_per_s"] <= 1000 * batch / BATCH_SLEEP_MS
+
+
+def test_an_injected_hand_off_cost_is_in_the_prediction(image_dir, monkeypatch):
+    """The hand-off to the trainer's thread is per batch, on the batch thread: 0.5 s of it bounds a batch of 8 to
+    16 samples/s whatever the stages cost."""
+    monkeypatch.setattr(profile_module, "measure_handoff", lambda: 0.5)
+    with Loader(image.val(image_dir, size=32), 8, placement="cpu", num_threads=2) as loader:
+        profile = profile_loader(loader, batches=2)
+    assert profile.batch_costs["hand_off_ms"] == 500.0
+    thread_ms = profile.batch_costs["batch_thread_ms"]  # its own CPU time, beside the hand-off
+    assert profile.measured["predicted_samples_per_s"] == pytest.approx(8 / (0.5 + thread_ms / 1000), rel=0.02)
+    assert "the hand-off 500 ms" in profile.table()
+    assert profile.bottleneck["resource"] == "thread"
+    assert next(p for p in profile.placements if p["current"])["bound_by"] == "thread"
