@@ -142,6 +142,9 @@ def mix(sources: Mapping[str, PipelineSpec], weights: Mapping[str, float], *, wi
     if len(on_error) > 1:
         raise ValueError(f"sources: on_error differs between sources ({sorted(o.value for o in on_error)}); give one "
                          f"on_error to the Loader instead")
+    files = {str(getattr(p.source, "on_error", None)) for p in parts}  # (a table's files carry their own)
+    if len(files) > 1:
+        raise ValueError(f"sources: the tables' files differ in on_error ({sorted(files)}); a mix's tables take one")
     first = parts[0]
     return MixSpec(f"mix({','.join(names)})", first.source, first.stages, first.outputs,
                    default_shuffle=first.default_shuffle, on_error=on_error.pop() if on_error else None,

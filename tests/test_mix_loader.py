@@ -170,3 +170,16 @@ def test_set_weights_on_a_loader_of_one_source_says_it_is_not_a_mix(folders):
     with pytest.raises(TypeError, match="not a mix"):
         loader.set_weights({"a": 1})
     loader.close()
+
+
+def test_two_ranks_make_equal_batch_counts_and_share_the_epoch_exactly(folders):
+    spec = image_mix(folders)
+    def run(rank, world):
+        loader = Loader(spec, batch_size=4, placement="cpu", device="cpu", rank=rank, world_size=world, seed=5)
+        out = [(b["index"][b["valid"]].tolist(), b["source"].tolist()) for b in loader]
+        loader.close()
+        return out
+    whole, first, second = run(0, 1), run(0, 2), run(1, 2)
+    assert len(first) == len(second) == 3  # 17 places: 9 per rank, one of them padding
+    together = sorted(i for b, _ in first + second for i in b)
+    assert together == sorted(i for b, _ in whole for i in b)  # every place of the epoch once, over the ranks

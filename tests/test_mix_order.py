@@ -206,3 +206,12 @@ def test_mix_arguments_are_checked():
         mix({}, {})
     with pytest.raises(TypeError, match="sources\\['b'\\] must be a feedline pipeline"):
         mix({"a": image.train(ImageFolder("/a")), "b": "folder"}, {"a": 1, "b": 1})
+
+
+def test_tables_whose_files_differ_in_on_error_are_refused():
+    schema = Schema("y", (Dense("x"),))
+    columns = (Column("y", ColumnKind.INT), Column("x", ColumnKind.FLOAT))
+    a = tabular(schema, TabularFiles("/t/a.tsv", "tsv", columns))
+    b = tabular(schema, TabularFiles("/t/b.tsv", "tsv", columns, on_error="skip"))
+    with pytest.raises(ValueError, match="differ in on_error"):
+        mix({"a": a, "b": b}, {"a": 1, "b": 1})
