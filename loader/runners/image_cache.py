@@ -104,8 +104,9 @@ class RamStore:
         return self.complete
 
     def drop(self) -> None:
+        """Lets go of what it holds and keeps nothing more."""
         self.items.clear()
-        self.nbytes = 0
+        self.nbytes, self.overflowed = 0, True
 
 
 class DiskStore(RamStore):
@@ -213,6 +214,8 @@ class DiskStore(RamStore):
                 except OSError:
                     pass
         self._map = None
+        self.records.clear()
+        self.nbytes, self.overflowed = 0, True
 
 
 class ImageCaches:

@@ -113,6 +113,26 @@ class _Decoder:
             raise DataError(where, f"cannot be decoded: {first}") from None
 
 
+def capped_size(size: np.ndarray, max_side: int | None) -> np.ndarray:
+    """``(width, height)`` with the longer side at most ``max_side`` (None: as it is), the aspect kept."""
+    w, h = int(size[0]), int(size[1])
+    if max_side is None or max(w, h) <= max_side:
+        return size
+    scale = max_side / max(w, h)
+    return np.array([max(1, round(w * scale)), max(1, round(h * scale))], dtype=np.int64)
+
+
+def capped(image: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """``image`` (``HWC`` uint8) resized to ``size`` (``(width, height)``) where it differs: bilinear with
+    antialiasing, as torchvision's ``resize`` of a tensor."""
+    w, h = int(size[0]), int(size[1])
+    if image.shape[:2] == (h, w):
+        return image
+    t = torch.from_numpy(image).permute(2, 0, 1)[None].float()
+    t = torch.nn.functional.interpolate(t, size=(h, w), mode="bilinear", antialias=True, align_corners=False)
+    return t.round_().clamp_(0, 255).to(torch.uint8)[0].permute(1, 2, 0).contiguous().numpy()
+
+
 class _DecodingFormer(BatchFormer):
     """Forms batches of decoded images: those the store holds, and the rest decoded together on the runner's
     threads (and kept). A sample that cannot be decoded is left out as DALI's failures are (``form_again``)."""
@@ -142,7 +162,7 @@ class _DecodingFormer(BatchFormer):
             cache.made_s += time.perf_counter() - started
             cache.made += len(missing)
             for k, image in zip(missing, images):
-                encoded[k] = image
+                image = encoded[k] = capped(image, sizes[k])
                 cache.store.put(batch.good[k].index, image)
         return super()._prepare(batch, encoded, sizes)
 
@@ -158,7 +178,13 @@ class CachedImageRunner:
         self.kind = cache_kind(graph.stages)
         engines = sorted(graph.engines.items()) if self.kind == OUTPUT else graph.engines[graph.stages[0].name]
         prefix = graph.stages if self.kind == OUTPUT else ()
-        what = f"{self.kind} {[repr(s) for s in prefix]} {engines} {config.max_pixels} {config.device.type}"
+        self.max_side = caches.settings.decoded_max_side
+        if self.max_side is not None and self.kind == OUTPUT:
+            raise ValueError(f"cache=CacheSettings(decoded_max_side={self.max_side}) caps the decoded images a "
+                             f"cache keeps for pipelines with a random stage after decoding (image.train); every "
+                             f"stage of pipeline {spec.name!r} is deterministic, so its whole output is kept")
+        what = f"{self.kind} {[repr(s) for s in prefix]} {engines} {config.max_pixels} {config.device.type} " \
+               f"{self.max_side}"
         dtype = np.float32 if self.kind == OUTPUT and graph.output.dtype is Dtype.FLOAT32 else np.uint8
         self.key = cache_key(spec, source, what)
         self.store = caches.store(self.key, self.kind, dtype)
@@ -186,7 +212,7 @@ class CachedImageRunner:
             self._decide(self.store.recompute_s)  # a whole store on disk, filled by an earlier run
         while epoch := plans.epoch():
             decision = self.decision
-            if decision is not None and not decision.use:
+            if decision is not None and not decision.use and self.max_side is None:
                 yield from self.plain.batches(itertools.chain(epoch, plans.rest()), timer)
                 return
             if self.kind == DECODED:
@@ -232,7 +258,8 @@ class CachedImageRunner:
         image = self.store.get(index)
         if image is not None:
             return image, np.array([image.shape[1], image.shape[0]], dtype=np.int64)
-        return self.source.read_checked(index, max_pixels)
+        data, size = self.source.read_checked(index, max_pixels)
+        return data, capped_size(size, self.caches.settings.decoded_max_side)
 
     def _filled(self) -> None:
         """After an epoch made without the store: list the bad samples, finish a disk store that holds every
