@@ -16,12 +16,15 @@ each batch's rows as it is asked for it, on the trainer's thread, as a training 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..loader.cache_policy import CacheSettings
 from ..loader.devices import gpu_available
 from ..loader.epochs import batch_size_of, endless, measure_loader
 from ..loader.loader import Loader
@@ -85,8 +88,11 @@ def bench_criteo(path: str | os.PathLike, batch_size: int = 8192, batches: int |
     rss_before = _peak_rss_mb()
     began = time.perf_counter()
     spec = criteo(path, table_sizes=TABLE_SIZE)
+    # The table cache (on by default) in a folder of this run's own: every run starts from the text, as a first
+    # run does, and leaves nothing beside the data.
+    cache_dir = tempfile.mkdtemp(prefix="feedline-bench-cache-")
     loader = Loader(spec, batch_size, placement=placement, device=device, shuffle=shuffle, seed=0,
-                    num_threads=num_threads)
+                    num_threads=num_threads, cache=CacheSettings(directory=cache_dir))
     opened = time.perf_counter()
     result = {"pipeline": "criteo", "placement": placement, "batch_size": batch_size, "shuffle": shuffle,
               "num_threads": loader.num_threads, "open_s": round(opened - began, 3)}
@@ -118,8 +124,12 @@ def bench_criteo(path: str | os.PathLike, batch_size: int = 8192, batches: int |
             result.update(_with_trainer(loader, frame, step, batch_size=batch_size, batches=batches, rounds=rounds,
                                         settle_s=settle_s, sync=sync, progress=progress))
             result["notes"] = _trainer_notes(result, loader, path)
+        decision = getattr(getattr(loader.source, "reader", None), "cache_decision", None)
+        if decision is not None:
+            result["table_cache"] = {"use": decision.use, "reason": decision.reason}
     finally:
         loader.close()
+        shutil.rmtree(cache_dir, ignore_errors=True)
     return result
 
 
