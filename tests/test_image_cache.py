@@ -249,3 +249,19 @@ def test_capped_decoded_images_differ_from_the_uncached_pipeline_by_the_stated_a
 def test_capping_is_refused_where_the_whole_output_is_kept(images):
     with pytest.raises(ValueError, match="whole output is kept"):
         Loader(image.val(images, size=32), 4, placement="cpu", cache=CacheSettings(mode="on", decoded_max_side=64))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["val", "train"])
+def test_cached_batches_on_the_gpu_are_bit_identical(images, recipe):
+    """nvJPEG decoding the whole image then ``fn.slice`` on the GPU gives what decoding the window gives."""
+    spec = getattr(image, recipe)(images, size=32)
+
+    def gpu_run(cache):
+        with Loader(spec, 4, placement="gpu", device="cuda", num_threads=2, cache=cache) as loader:
+            return [[{k: v.cpu() for k, v in b.items()} for b in loader] for _ in range(2)], loader.plan["cache"]
+
+    plain, _ = gpu_run("off")
+    cached, report = gpu_run("on")
+    same(plain, cached)
+    assert report["use"]
