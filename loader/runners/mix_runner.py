@@ -200,20 +200,21 @@ class MixRunner:
         split = _Split(iter(plans), len(self.runners))
         while split.next_made() is not None:
             pass
-        results = [runner.profile(list(split.stream(k))) for k, runner in enumerate(self.runners)
-                   if split._queues[k]]
-        samples = sum(r.samples for r in results)
+        shares = [list(split.stream(k)) for k in range(len(self.runners))]
+        results = [(runner.profile(share), part) for runner, share, part in zip(self.runners, shares, self.spec.parts)
+                   if share]
+        samples = sum(r.samples for r, _ in results)
         first = [s.name for s in self.spec.stages]
         seconds = {name: 0.0 for name in first}
         bytes_out = {name: 0.0 for name in first}
         source_bytes = 0.0
-        for r, part in zip(results, self.spec.parts):
+        for r, part in results:
             names = [s.name for s in part.stages]
             for k, name in enumerate(names[:len(first)]):
                 seconds[first[k]] += r.seconds.get(name, 0.0)
                 bytes_out[first[k]] += r.bytes_out.get(name, 0.0) * r.samples / max(samples, 1)
             source_bytes += r.source_bytes_per_sample * r.samples / max(samples, 1)
-        together = results[0].together if results else {}
+        together = results[0][0].together if results else {}
         return StageTimes(samples, seconds, bytes_out, source_bytes, together)
 
     def close(self) -> None:
