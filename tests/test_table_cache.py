@@ -19,6 +19,7 @@ from feedline.loader import DataError, Loader
 from feedline.loader.cache_policy import CacheMode, CacheSettings
 from feedline.loader.sources import cached_chunks, index_store, open_source, tsv
 from feedline.loader.sources.table_rows import ListColumn
+from feedline.ops.gather_columns import DTYPES
 from feedline.pipelines.criteo import criteo
 from feedline.pipelines.tabular import Categorical, Column, Dense, MultiHot, Schema, TabularFiles, tabular
 
@@ -391,10 +392,12 @@ def test_float_string_and_list_columns_read_back_as_parsed(tmp_path, monkeypatch
 def test_a_chunk_file_reads_back_the_values_it_was_given():
     """The encoding on its own: narrow and wide integers, floats with NaN, missing flags, bad rows and lists."""
     rows = 5
-    ints = np.array([[0, -1, 2**40], [255, 7, -2**40], [3, 0, 0], [1, 1, 1], [2, 2, 2]], dtype=np.int64)
+    ints = np.array([[0, -1, 2**40, 60_000, -30_000, 2**31, -2**31],  # uint8, int8, int64, uint16, int16,
+                     [255, 7, -2**40, 1, 1, 1, 1],                       # uint32, int32
+                     [3, 0, 0, 0, 0, 0, 0], [1, 1, 1, 2, 2, 2, 2], [2, 2, 2, 3, 3, 3, 3]], dtype=np.int64)
     floats = np.array([[0.5], [np.nan], [-1e300], [3.0], [0.0]])
-    missing = np.zeros((rows, 4), dtype=bool)
-    missing[1, 3] = missing[4, 0] = True
+    missing = np.zeros((rows, 8), dtype=bool)
+    missing[1, 7] = missing[4, 0] = missing[0, 6] = True
     lists = {"tags": ListColumn(np.array([0, 2, 2, 3, 3, 5]), np.array([1, 2, 3, 4, 5]))}
     bad = np.array([False, False, True, False, False])
     parsed = cached_chunks.ParsedChunk(ints, floats, missing, lists, bad, {2: "column x: 'y' is not a number"})
@@ -403,12 +406,14 @@ def test_a_chunk_file_reads_back_the_values_it_was_given():
     key = b"k" * cached_chunks.KEY_BYTES
     with tempfile.TemporaryDirectory() as folder:
         cached_chunks.write(folder, 7, cached_chunks.encode(parsed, key, 1.5e-6))
-        assert cached_chunks.read(folder, 7, b"x" * cached_chunks.KEY_BYTES, rows, 4, ("tags",)) is None
-        assert cached_chunks.read(folder, 7, key, rows + 1, 4, ("tags",)) is None
-        stored = cached_chunks.read(folder, 7, key, rows, 4, ("tags",))
+        assert cached_chunks.read(folder, 7, b"x" * cached_chunks.KEY_BYTES, rows, 8, ("tags",)) is None
+        assert cached_chunks.read(folder, 7, key, rows + 1, 8, ("tags",)) is None
+        stored = cached_chunks.read(folder, 7, key, rows, 8, ("tags",))
     from feedline import ops
 
-    got_ints, got_floats, got_missing = ops.gather_raw(stored.block, np.arange(3), np.arange(3, 4), np.arange(rows))
+    assert [DTYPES[c].name for c in stored.block.layout[:, 0]] == [
+        "uint8", "int8", "int64", "uint16", "int16", "uint32", "int32", "float64"]
+    got_ints, got_floats, got_missing = ops.gather_raw(stored.block, np.arange(7), np.arange(7, 8), np.arange(rows))
     assert np.array_equal(got_ints, ints) and np.array_equal(got_missing, missing)
     assert np.array_equal(got_floats, floats, equal_nan=True)
     assert np.array_equal(stored.bad, bad) and stored.reasons == {2: "column x: 'y' is not a number"}

@@ -23,6 +23,7 @@ import time
 from typing import NamedTuple
 
 import numpy as np
+from numba import njit
 
 from ... import ops
 from ...ops.gather_columns import CODES, DTYPES
@@ -78,24 +79,24 @@ def encode(parsed: ParsedChunk, key: bytes, parse_s_per_row: float) -> list[byte
     """The pieces of a chunk file, in order."""
     rows, num_ints = parsed.ints.shape
     num_floats = parsed.floats.shape[1]
+    dtypes = [np.dtype(np.uint8)] * num_ints
     if rows and num_ints:
-        low, high = parsed.ints.min(axis=0), parsed.ints.max(axis=0)
+        low, high = np.empty(num_ints, np.int64), np.empty(num_ints, np.int64)
+        _ranges(parsed.ints, low, high)
         dtypes = [narrowest(int(a), int(b)) for a, b in zip(low, high)]
-    else:
-        dtypes = [np.dtype(np.uint8)] * num_ints
     dtypes += [np.dtype(np.float64)] * num_floats
     layout = RecordLayout(dtypes)
-    records = np.zeros(layout.chunk_bytes(rows), dtype=np.uint8)
-    fields = records[:rows * layout.record].reshape(rows, layout.record)
-    for j, dtype in enumerate(dtypes):
-        values = parsed.ints[:, j] if j < num_ints else parsed.floats[:, j - num_ints]
-        size = dtype.itemsize
-        fields[:, layout.offsets[j]:layout.offsets[j] + size] = (
-            values.astype(dtype.newbyteorder("<")).view(np.uint8).reshape(rows, size))
+    records = np.zeros(max(layout.chunk_bytes(rows), 8), dtype=np.uint8)
     if dtypes:
-        flags_at = _padded(rows * layout.record)
-        bits = np.packbits(parsed.missing, axis=1, bitorder="little")
-        records[flags_at:flags_at + bits.size] = bits.reshape(-1)
+        order = sorted(range(num_ints), key=lambda j: -dtypes[j].itemsize)  # integer columns widest first
+        widths = [dtypes[j].itemsize for j in order]
+        ends = np.array([sum(w >= size for w in widths) for size in (8, 4, 2)], np.int64)
+        slots = [layout.offsets[j] // dtypes[j].itemsize for j in order + list(range(num_ints, len(dtypes)))]
+        _fill(parsed.ints, parsed.floats, np.ascontiguousarray(parsed.missing), np.array(order, np.int64),
+              np.array(slots, np.int64), ends, layout.record, _padded(rows * layout.record), layout.flag_bytes,
+              records, records.view(np.uint16), records.view(np.uint32), records.view(np.uint64),
+              records.view(np.float64))
+    records = records[:layout.chunk_bytes(rows)]
     bad = np.flatnonzero(parsed.bad)
     arrays, lists = [], []
     for name, column in parsed.lists.items():
@@ -110,6 +111,53 @@ def encode(parsed: ParsedChunk, key: bytes, parse_s_per_row: float) -> list[byte
                        bad.size) + codes
     head += b"\0" * (header_bytes(len(dtypes)) - len(head))
     return [head, records, struct.pack("<Q", len(described)), described, *arrays]
+
+
+@njit(nogil=True, cache=True)
+def _ranges(ints, low, high):
+    """Each column's smallest and largest value (``ints`` has a row)."""
+    rows, columns = ints.shape
+    for j in range(columns):
+        low[j] = ints[0, j]
+        high[j] = ints[0, j]
+    for r in range(1, rows):
+        for j in range(columns):
+            v = ints[r, j]
+            if v < low[j]:
+                low[j] = v
+            if v > high[j]:
+                high[j] = v
+
+
+@njit(nogil=True, cache=True)
+def _fill(ints, floats, missing, columns, slots, ends, record, flags_at, flag_bytes, u8, u16, u32, u64, f64):
+    """Each row's record and missing bits, written into the zeroed chunk buffer ``u8`` (``u16``..``f64``: views of
+    it): integer column ``columns[k]`` at element ``slots[k]`` of the record, in 8 bytes for ``k < ends[0]``, 4
+    before ``ends[1]``, 2 before ``ends[2]``, else 1, cut to that width (two's complement, which keeps every value
+    of the column's narrowest type); float column ``k`` as float64 at element ``slots[len(columns) + k]``."""
+    rows, num_ints = ints.shape
+    num_floats = floats.shape[1]
+    scalars = num_ints + num_floats
+    n = columns.size
+    for r in range(rows):
+        for k in range(ends[0]):
+            u64[r * (record >> 3) + slots[k]] = ints[r, columns[k]]
+        for k in range(ends[0], ends[1]):
+            u32[r * (record >> 2) + slots[k]] = ints[r, columns[k]] & 0xFFFFFFFF
+        for k in range(ends[1], ends[2]):
+            u16[r * (record >> 1) + slots[k]] = ints[r, columns[k]] & 0xFFFF
+        for k in range(ends[2], n):
+            u8[r * record + slots[k]] = ints[r, columns[k]] & 0xFF
+        for k in range(num_floats):
+            f64[r * (record >> 3) + slots[n + k]] = floats[r, k]
+        flags = flags_at + r * flag_bytes
+        for b in range(flag_bytes):
+            byte = 0
+            for bit in range(8):
+                j = 8 * b + bit
+                if j < scalars and missing[r, j]:
+                    byte |= 1 << bit
+            u8[flags + b] = byte
 
 
 def _described(doc: dict) -> bytes:

@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import statistics
+import sys
 import threading
 import time
 from dataclasses import asdict, replace
@@ -52,7 +53,7 @@ _PARSER_SOURCES = ("text_parse.py", "tsv.py", "text.py", "line_index.py", "cache
 def text_format(files: TabularFiles, settings: CacheSettings | None, memory_rows: int) -> TextFormat:
     """The format of a text table: parsed every epoch, or (a ``settings`` that is not OFF) cached as parsed.
     ``memory_rows``: the parsed rows the table keeps in memory."""
-    if settings is None or settings.mode is CacheMode.OFF:
+    if settings is None or settings.mode is CacheMode.OFF or sys.byteorder != "little":  # (chunk files are LE)
         return TextFormat(files)
     return CachedTextFormat(files, settings, memory_rows)
 
