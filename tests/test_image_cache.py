@@ -265,3 +265,21 @@ def test_cached_batches_on_the_gpu_are_bit_identical(images, recipe):
     cached, report = gpu_run("on")
     same(plain, cached)
     assert report["use"]
+
+
+def test_two_writers_of_one_disk_store_leave_one_whole_store(tmp_path):
+    """Two ranks (or runs) filling the same key: the first to finish is moved into place in one step; the other
+    drops its own records and reads that store, so no reader meets one writer's index over another's records."""
+    folder = str(tmp_path / "key")
+    a, b = image_cache.DiskStore(folder, 1 << 20, np.uint8), image_cache.DiskStore(folder, 1 << 20, np.uint8)
+    for index in range(3):
+        a.put(index, np.full((2, 3, 3), index, np.uint8))
+    for index in reversed(range(3)):  # another order: other offsets
+        b.put(index, np.full((2 + index, 3, 3), 10 + index, np.uint8))
+    assert not os.path.exists(folder)
+    assert a.finish(3, 0.001) and b.finish(3, 0.002)
+    assert sorted(os.listdir(tmp_path)) == ["key"]
+    for store in (a, b, image_cache.DiskStore(folder, 0, np.uint8)):
+        assert store.complete and store.recompute_s == 0.001
+        assert [store.get(i).tolist() for i in range(3)] == [np.full((2, 3, 3), i, np.uint8).tolist()
+                                                             for i in range(3)]

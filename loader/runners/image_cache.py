@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,9 +111,10 @@ class RamStore:
 
 
 class DiskStore(RamStore):
-    """Samples as records of one file under ``folder`` (``records.bin``, memory-mapped to read; ``index.npz``
+    """Samples as records of one file in ``folder`` (``records.bin``, memory-mapped to read; ``index.npz``
     and ``meta.json`` beside it). A whole store found there is opened for reading; otherwise records are
-    appended to a temporary file while the first epoch runs, and moved into place by ``finish``."""
+    appended in a temporary folder of this writer's while the first epoch runs, renamed to ``folder`` by
+    ``finish`` (where another writer got there first, its store is used)."""
 
     def __init__(self, folder: str, budget: int, dtype: np.dtype):
         super().__init__(budget, dtype)
@@ -161,7 +163,8 @@ class DiskStore(RamStore):
         return self._map[record.offset:record.offset + n].view(self.dtype).reshape(record.shape)
 
     def _path(self, name: str) -> str:
-        return os.path.join(self.folder, name if self.complete else name + self._tmp)
+        """A file of the whole store, or while it fills, of this writer's own temporary folder beside it."""
+        return os.path.join(self.folder if self.complete else self.folder + self._tmp, name)
 
     def put(self, index: int, array: np.ndarray) -> bool:
         if index in self.records or self.complete:
@@ -170,7 +173,7 @@ class DiskStore(RamStore):
             self.overflowed = True
             return False
         if self._out is None:
-            os.makedirs(self.folder, exist_ok=True)
+            os.makedirs(self.folder + self._tmp, exist_ok=True)
             self._out = open(self._path("records.bin"), "wb")
         offset = self._out.tell()
         self._out.write(np.ascontiguousarray(array, dtype=self.dtype).tobytes())
@@ -186,21 +189,25 @@ class DiskStore(RamStore):
         if self.overflowed or len(self.records) + len(self.bad) < samples:
             return False
         if self._out is None:
-            os.makedirs(self.folder, exist_ok=True)
+            os.makedirs(self.folder + self._tmp, exist_ok=True)
             self._out = open(self._path("records.bin"), "wb")
         self._out.close()
         self._out = None
         keys = np.array(sorted(self.records), dtype=np.int64)
-        np.savez(self._path("index.npz") + ".npz", keys=keys,
+        np.savez(self._path("index.npz"), keys=keys,
                  offsets=np.array([self.records[k].offset for k in keys], dtype=np.int64).reshape(-1),
                  shapes=np.array([self.records[k].shape for k in keys], dtype=np.int64).reshape(len(keys), -1))
         meta = {"format": _FORMAT, "dtype": self.dtype.str, "recompute_s": recompute_s,
                 "bad": [[k, w, r] for k, (w, r) in sorted(self.bad.items())]}
         with open(self._path("meta.json"), "w") as f:
             json.dump(meta, f)
-        os.replace(self._path("records.bin"), os.path.join(self.folder, "records.bin"))
-        os.replace(self._path("index.npz") + ".npz", os.path.join(self.folder, "index.npz"))
-        os.replace(self._path("meta.json"), os.path.join(self.folder, "meta.json"))  # last: the store is whole
+        try:
+            os.rename(self.folder + self._tmp, self.folder)  # one step: readers find a whole store or none
+        except OSError:  # another writer (a rank, a run) finished first: use its store
+            shutil.rmtree(self.folder + self._tmp, ignore_errors=True)
+            self.records, self.bad, self._map = {}, {}, None
+            self._load()
+            return self.complete
         self.complete, self.recompute_s, self._map = True, recompute_s, None
         return True
 
@@ -208,11 +215,7 @@ class DiskStore(RamStore):
         if self._out is not None:
             self._out.close()
             self._out = None
-            for name in ("records.bin",):
-                try:
-                    os.unlink(self._path(name))
-                except OSError:
-                    pass
+            shutil.rmtree(self.folder + self._tmp, ignore_errors=True)
         self._map = None
         self.records.clear()
         self.nbytes, self.overflowed = 0, True
