@@ -44,6 +44,10 @@ class _Split:
         if plan is None:
             self._over = True
             return False
+        if not isinstance(plan, MixPlan):
+            raise TypeError(f"a mix's runner takes MixPlans, which say each sample's source and own epoch; got a "
+                            f"{type(plan).__name__} (an order dealing a mix's places makes them from "
+                            f"MixOrder.rank_places)")
         pieces = []
         key = plan.sources * (int(plan.source_epochs.max()) + 1) + plan.source_epochs
         for k in np.unique(key).tolist():
