@@ -3,7 +3,7 @@ run (each valid cut, each thread count 1..cores) and the default configuration u
 in the same run, in alternating rounds, each reporting its median round."""
 from __future__ import annotations
 
-import statistics
+import math
 import time
 from typing import Callable, Iterable
 
@@ -13,6 +13,7 @@ from tqdm import tqdm
 from ..loader import Loader
 from ..loader.devices import available_cores, gpu_available
 from ..loader.epochs import endless
+from ..loader.placement.rounds import NOISE_SIGMAS, measure_rounds
 from ..pipelines.spec import PipelineSpec
 from .image_baselines import measure_loader
 
@@ -22,14 +23,19 @@ SETTLE_S = 1.0  # before each turn: the other loaders finish refilling their rea
 # queue a loader fills while it waits for its turn is never counted as made during its turn.
 ROUND_OVER_READAHEAD = 4
 DALI_PREFETCH_QUEUE_DEPTH = 2  # DALI's default, set explicitly in the default configuration below
+MAX_ROUNDS = 8          # rounds stop here even if a median is not yet stable
+ROUND_TOLERANCE = 0.02  # a median is stable once its relative standard error is at most this
 
 
-def bench_placements(spec: PipelineSpec, *, batch_size: int, batches: int = 20, rounds: int = 2,
+def bench_placements(spec: PipelineSpec, *, batch_size: int, batches: int = 20, rounds: int = 3,
+                     max_rounds: int = MAX_ROUNDS, tolerance: float = ROUND_TOLERANCE,
                      warmup: int = 2, default: tuple[str, Callable[[], Iterable]] | None = None,
                      default_readahead: int = DALI_PREFETCH_QUEUE_DEPTH, progress: bool = True) -> dict:
     """``batches``: timed batches per contender over ``rounds`` rounds; a round is raised to at least
     ``ROUND_OVER_READAHEAD`` times the largest read-ahead (``default_readahead`` for ``default``; feedline's
-    ``prefetch``), so the total can exceed ``batches`` (JSON ``batches_per_round``)."""
+    ``prefetch``), so the total can exceed ``batches`` (JSON ``batches_per_round``). Rounds go on past
+    ``rounds`` until every contender's median is stable within ``tolerance`` (its relative standard error), at
+    most ``max_rounds``: the JSON's ``spread`` holds each one's, ``stable`` whether they all held."""
     cores = available_cores()
     gpu = gpu_available()
     device = "cuda" if gpu else "cpu"
@@ -52,7 +58,6 @@ def bench_placements(spec: PipelineSpec, *, batch_size: int, batches: int = 20, 
     if default is not None:
         contenders[default[0]] = default[1]
     streams = {name: endless(make) for name, make in contenders.items()}
-    rates: dict[str, list[float]] = {name: [] for name in streams}
     with tqdm(total=len(streams) * (rounds + 1), desc="bench placements", unit="run", disable=not progress) as bar:
         for name, stream in streams.items():
             for _ in range(warmup):
@@ -62,22 +67,34 @@ def bench_placements(spec: PipelineSpec, *, batch_size: int, batches: int = 20, 
         # read after the warm-up: the auto loader chooses its prefetch depth at its first iteration
         untimed = max([l.prefetch for l in loaders] + [default_readahead if default is not None else 1])
         per_round = max(batches // rounds, ROUND_OVER_READAHEAD * untimed)
-        for _ in range(rounds):
-            for name, stream in streams.items():
-                bar.set_description(f"bench {name}")
-                time.sleep(SETTLE_S)  # let the other loaders finish refilling their read-ahead queues
-                rates[name].append(measure_loader(lambda: stream, per_round, untimed, sync=sync)["samples_per_s"])
-                bar.update(1)
-    medians = {name: statistics.median(r) for name, r in rates.items()}
+
+        def turn(name: str) -> float:
+            bar.set_description(f"bench {name}")
+            time.sleep(SETTLE_S)  # let the other loaders finish refilling their read-ahead queues
+            rate = measure_loader(lambda: streams[name], per_round, untimed, sync=sync)["samples_per_s"]
+            bar.update(1)
+            return rate
+
+        rounds = max(rounds, 2)  # a spread needs two
+        measured = measure_rounds(list(streams), turn, min_rounds=rounds, max_rounds=max(rounds, max_rounds),
+                                  tolerance=tolerance)
+    medians = measured.medians
+    spreads = measured.spreads
     statics = {n: v for n, v in medians.items() if n != "auto" and (default is None or n != default[0])}
     best = max(statics, key=statics.get)
     profile_s = auto.plan.get("start_seconds", 0.0)  # profiling plus the measured thread check
-    result = {"pipeline": spec.name, "cores": cores, "batch_size": batch_size, "batches": per_round * rounds,
-              "rounds": rounds, "batches_per_round": per_round, "untimed_batches_per_round": untimed,
+    done = measured.rounds
+    result = {"pipeline": spec.name, "cores": cores, "batch_size": batch_size, "batches": per_round * done,
+              "rounds": done, "min_rounds": rounds, "max_rounds": max(rounds, max_rounds), "stable": measured.stable,
+              "tolerance": tolerance, "spread": {n: (v if math.isfinite(v) else None) for n, v in spreads.items()},
+              "rates": {n: list(r) for n, r in measured.rates.items()},
+              "batches_per_round": per_round, "untimed_batches_per_round": untimed,
               "auto_placement": auto.plan["placement"], "auto_threads": auto.plan["threads"],
               "auto_prefetch": auto.plan["prefetch"],
               "auto_samples_per_s": medians["auto"], "best_static_samples_per_s": medians[best],
               "best_static_placement": best, "auto_vs_best_static": medians["auto"] / medians[best],
+              # the ratio's noise: NOISE_SIGMAS standard errors of the two medians together
+              "auto_vs_best_static_noise": NOISE_SIGMAS * math.hypot(spreads["auto"], spreads[best]),
               "profile_seconds": profile_s,
               "profile_share_of_10k_epoch": profile_s / (EPOCH_FOR_SHARE / medians["auto"]),
               "setup_seconds": setup_s,

@@ -25,7 +25,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        help="image pipelines: torchvision; criteo: pandas (default), torchrec (its conversion and "
                             "in-memory DLRM loader) or pyarrow (its CSV parse, and parse + NumPy features)")
     bench.add_argument("--rounds", type=positive_int, default=None,
-                       help="alternating rounds per contender (default 5; 2 with --placement auto)")
+                       help="alternating rounds per contender (default 5; with --placement auto at least 3, more "
+                            "until every median is stable within 2%%, at most 8)")
     bench.add_argument("--trainer-step-ms", type=trainer_step, default=None, metavar="MS|auto",
                        help="also measure under a simulated trainer that sleeps MS per batch on the iterating "
                             "thread (auto: feedline's own batch time with no trainer)")
@@ -146,5 +147,5 @@ def _placements(args) -> dict:
     if args.pipeline in IMAGE_PIPELINES:
         default = ("dali-default", dali_default_image_loader(args.data, train=args.pipeline == "image-train",
                                                              size=224, output=args.output, batch_size=batch_size))
-    return bench_placements(spec, batch_size=batch_size, batches=args.batches or 20, rounds=args.rounds or 2,
+    return bench_placements(spec, batch_size=batch_size, batches=args.batches or 20, rounds=args.rounds or 3,
                             default=default, progress=not args.no_progress)

@@ -18,12 +18,15 @@ from .measurements import Measurements, Resources
 from .monitors import NoGpu, NvmlGpuMonitor, PsutilCpuMonitor, WaitMonitor
 from .profiler import PROBE_SEED, OrderFactory, Profile, RunnerFactory, profile
 from .report import plan_dict, plan_table
+from .rounds import measure_rounds
 from .scheduler import Scheduler
 
 log = logging.getLogger("feedline")
 REPLAN_EVERY_S = 10.0
-MEASURED_MARGIN = 0.05  # a measured difference smaller than this is noise
-CHECK_ROUNDS = 2
+MEASURED_MARGIN = 0.03  # a measured difference smaller than this is not worth a change, whatever the noise
+CHECK_MIN_ROUNDS = 3
+CHECK_MAX_ROUNDS = 8
+CHECK_TOLERANCE = 0.02  # the thread check's medians are stable once their relative standard error is below this
 CHECK_SECONDS = 0.3
 
 
@@ -55,6 +58,7 @@ class AutoPlacement:
         self.replan_every_s = replan_every_s
         self.profile: Profile | None = None
         self.thread_check: dict[int, float] = {}
+        self.thread_check_rounds: dict[str, Any] | None = None  # the rounds, their medians and spreads
         self.start_seconds = 0.0  # profiling plus the measured thread check
         self.last: Measurements | None = None
         self._clock = clock
@@ -80,34 +84,35 @@ class AutoPlacement:
         return plan
 
     def _check_threads(self, plan: PlacementDecision) -> PlacementDecision:
-        """The model counts cores, not what oversubscribing them costs: the consumer thread (host and torch
-        stages) competes with the worker threads. Measure the chosen thread count against one fewer, in
-        alternating rounds, and keep the faster; fewer threads winning by more than the noise also caps later
-        re-plans."""
+        """The model counts cores, not what oversubscribing them costs: the batch thread and the trainer's
+        compete with the worker threads. Measure the chosen thread count against one fewer, in alternating
+        rounds until both medians are stable within CHECK_TOLERANCE (at most CHECK_MAX_ROUNDS), and take fewer
+        threads only where they win by more than the noise (and MEASURED_MARGIN); fewer threads winning also caps
+        later re-plans."""
         if plan.threads <= 1:
             return plan
         fewer = plan.threads - 1
         probes = {t: self._probe(plan.cut, t) for t in (plan.threads, fewer)}
-        rates: dict[int, list[float]] = {t: [] for t in probes}
         try:
-            for _ in range(CHECK_ROUNDS):
-                for t, probe in probes.items():
-                    rates[t].append(probe())
+            rounds = measure_rounds(list(probes), lambda t: probes[t](), min_rounds=CHECK_MIN_ROUNDS,
+                                    max_rounds=CHECK_MAX_ROUNDS, tolerance=CHECK_TOLERANCE)
         finally:
             for probe in probes.values():
                 probe.close()
-        best = {t: max(r) for t, r in rates.items()}
-        self.thread_check = best
-        if best[fewer] <= best[plan.threads] * (1 + MEASURED_MARGIN):
+        self.thread_check = rounds.medians
+        self.thread_check_rounds = rounds.report()
+        if rounds.best(plan.threads, MEASURED_MARGIN) != fewer:
             return plan
+        best = rounds.medians
         self.scheduler.max_threads = fewer
         return self.scheduler.adopt(plan.cut, fewer, self.last, reason=(
             f"measured {best[fewer]:.0f} samples/s with {fewer} threads against {best[plan.threads]:.0f} with "
-            f"{plan.threads}: the consumer thread needs a core too"))
+            f"{plan.threads} (medians of {rounds.rounds} rounds): the batch thread needs a core too"))
 
     def _probe(self, cut: int, threads: int) -> "_Probe":
         config = dataclasses.replace(self.config, cut=cut, num_threads=threads, seed=PROBE_SEED)
-        return _Probe(self.runners(config), self.orders(self.batch_size, PROBE_SEED), self.device)
+        return _Probe(self.runners(config), self.orders(self.batch_size, PROBE_SEED), self.device,
+                      untimed=config.prefetch + 1)
 
     def sample_batch(self, cut: int) -> dict:
         """One batch made at ``cut`` on one thread, outside the trainer's epochs (what a remote worker would
@@ -164,6 +169,7 @@ class AutoPlacement:
         out["profile_samples"] = self.profile.samples
         out["start_seconds"] = self.start_seconds
         out["thread_check_samples_per_s"] = {str(k): v for k, v in self.thread_check.items()}
+        out["thread_check"] = self.thread_check_rounds
         out["history"] = [{"time": m.time, "from": m.old.placement if m.old else None, "to": m.new.placement,
                            "threads": m.new.threads, "prefetch": m.new.prefetch, "reason": m.reason}
                           for m in self.scheduler.history]
@@ -171,10 +177,13 @@ class AutoPlacement:
 
 
 class _Probe:
-    """Times one placement on batches outside the trainer's epochs: each call runs at least CHECK_SECONDS."""
+    """Times one placement on batches outside the trainer's epochs: each call runs at least CHECK_SECONDS,
+    after taking ``untimed`` batches untimed: those its runner read ahead while another probe was timed (free
+    batches that would count as made in this one's time)."""
 
-    def __init__(self, runner, sampler, device: torch.device):
+    def __init__(self, runner, sampler, device: torch.device, untimed: int = 0):
         self.runner = runner
+        self.untimed = untimed
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         plans = (plan for epoch in itertools.count() for plan in sampler.epoch(epoch))
         self.batches = runner.batches(plans)
@@ -183,6 +192,8 @@ class _Probe:
 
     def __call__(self) -> float:
         self.first = None  # its buffers may be reused while timing
+        for _ in range(self.untimed):
+            next(self.stream)
         self.sync()
         started = time.perf_counter()
         samples = 0
