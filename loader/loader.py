@@ -160,21 +160,27 @@ class Loader:
     @property
     def weights(self) -> dict[str, float]:
         """A mix's weights now (normalised), by source name; the names in order are ``pipeline.names``."""
-        if not isinstance(self.sampler, MixOrder):
+        order = plain(self.sampler)
+        if not isinstance(order, MixOrder):
             raise TypeError(f"pipeline {self.pipeline.name!r} is not a mix (feedline.pipelines.mix): it has no weights")
-        return self.sampler.weights
+        return order.weights
 
     def set_weights(self, weights: Mapping[str, float]) -> None:
         """A mix draws with ``weights`` (source name -> positive weight, every source named) from the next batch
         the trainer gets on: batches made ahead (``prefetch``) but not yet delivered are made again with the new
         weights, so the switch falls at the same batch whatever the threads' timing, and a state saved later
         resumes with the weights in force (``state_dict`` keeps them, with where each change began)."""
-        if not isinstance(self.sampler, MixOrder):
+        order = plain(self.sampler)
+        if not isinstance(order, MixOrder):
             raise TypeError(f"set_weights: pipeline {self.pipeline.name!r} is not a mix (feedline.pipelines.mix)")
         epoch, place = self.cursor.next_sample
+        if order is not self.sampler and epoch == self.sampler.at:
+            raise ValueError(f"set_weights: the rest of epoch {epoch} was dealt to this job's ranks after a resume on "
+                             f"another number of ranks, in the places the earlier job drew; new weights can start "
+                             f"with the next epoch (call set_weights after this epoch's last batch)")
         running = self._stream is not None
         self._close_stream()
-        self.sampler.set_weights(weights, epoch, place)
+        order.set_weights(weights, epoch, place)
         if running:
             self._open_stream()
 

@@ -69,50 +69,21 @@ class _PartStream:
         return out, epochs
 
 
-class MixOrder(Order):
-    """An ``Order`` over a mix's places (see the module's docstring). ``num_samples`` and ``len()`` are those of
-    epoch 0 under the weights it was made with; ``shard_size(epoch)`` is each epoch's own (with ``ends`` of
-    "first" or "all" an epoch's length follows the weights)."""
+class Windows:
+    """Which source fills each place of a mixed epoch: the weights schedule (``(epoch, place, weights)``, the
+    first at epoch 0, place 0), its segments and their windows, and counting places per source."""
 
-    skips_move_positions = False  # (a mix's runner makes every plan's batch from its own places: ``SkipFill.PADDING``)
+    def __init__(self, names: tuple[str, ...], weights: tuple[float, ...], window: int, seed: int, shuffle: bool):
+        self.names, self.window, self.seed, self.shuffle = names, window, seed, shuffle
+        self.schedule: list[tuple[int, int, tuple[float, ...]]] = [(0, 0, tuple(weights))]
+        self._kept: dict = {}
 
-    def __init__(self, spec: MixSpec, sources: MixedSources, batch_size: int, *, shuffle: bool = True, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, last_batch: LastBatch | str = LastBatch.PARTIAL,
-                 buffer_rows: int | None = None):
-        self.spec = spec
-        self.names = spec.names
-        self.sizes = sources.sizes
-        self.offsets = sources.offsets
-        self.window = spec.window
-        self._seed = seed
-        self._shuffle = shuffle
-        self.streams = [_PartStream(part, part_seed(seed, k), shuffle, buffer_rows)
-                        for k, part in enumerate(sources.parts)]
-        self.schedule: list[tuple[int, int, tuple[float, ...]]] = [(0, 0, tuple(spec.weights))]
-        self._drop_from(0)
-        self._arguments(self.length(0), batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                        last_batch=last_batch)
-
-    # ---- weights ------------------------------------------------------------------------------------------
-    @property
-    def weights(self) -> dict[str, float]:
-        """The weights in force last in the schedule (those the next batches are made with)."""
-        return dict(zip(self.names, self.schedule[-1][2]))
-
-    def set_weights(self, weights: Mapping[str, float], epoch: int, rank_place: int) -> tuple[int, int]:
-        """Draw with ``weights`` from this rank's place ``rank_place`` of ``epoch`` on (the global place
-        ``rank_place * world_size``, the same on every rank at the same batch); a place at or past the epoch's
-        end means the next epoch's start. Returns the (epoch, global place) where they start."""
-        normal = normalised_weights(self.names, weights, self.window, "set_weights")
-        place = rank_place * self.world_size
-        if place >= self.length(epoch):
-            epoch, place = epoch + 1, 0
+    def change(self, epoch: int, place: int, weights: tuple[float, ...]) -> None:
+        """``weights`` from global ``place`` of ``epoch`` on (changes at or after it are dropped)."""
         kept = [s for s in self.schedule if (s[0], s[1]) < (epoch, place)]
-        if not kept or kept[-1][2] != normal:
-            kept.append((epoch, place, normal))
+        if not kept or kept[-1][2] != weights:
+            kept.append((epoch, place, weights))
         self.schedule = kept
-        self._drop_from(epoch)
-        return epoch, place
 
     def state(self) -> dict[str, Any]:
         return {"names": list(self.names), "schedule": [[e, p, list(w)] for e, p, w in self.schedule]}
@@ -133,16 +104,12 @@ class MixOrder(Order):
         if not schedule or schedule[0][:2] != (0, 0) or sorted(schedule, key=lambda s: s[:2]) != schedule:
             raise ValueError("state's mix schedule must start at epoch 0, place 0, in order")
         self.schedule = schedule
-        self._drop_from(0)
 
-    def _drop_from(self, epoch: int) -> None:
-        """Drop what was computed for ``epoch`` and later (the schedule changed from there)."""
-        self._lengths = {e: v for e, v in getattr(self, "_lengths", {}).items() if e < epoch}
-        self._taken = {e: v for e, v in getattr(self, "_taken", {}).items() if e <= epoch}
-        self._windows: dict = {}
+    def forget(self) -> None:
+        """Drop the windows kept (the schedule changed)."""
+        self._kept = {}
 
-    # ---- places -------------------------------------------------------------------------------------------
-    def _segments(self, epoch: int) -> list[tuple[int, tuple[int, ...]]]:
+    def segments(self, epoch: int) -> list[tuple[int, tuple[int, ...]]]:
         """``(start place, counts per window)`` of each segment of ``epoch``."""
         before = [s for s in self.schedule if (s[0], s[1]) <= (epoch, 0)]
         segments = [(0, window_counts(before[-1][2], self.window))]
@@ -151,16 +118,16 @@ class MixOrder(Order):
                 segments.append((p, window_counts(w, self.window)))
         return segments
 
-    def _slots(self, epoch: int, start: int, window: int, counts: tuple[int, ...]):
+    def slots(self, epoch: int, start: int, window: int, counts: tuple[int, ...]):
         """Which source fills each place of a window, and how many of that source's places come before it in
         the window."""
         key = (epoch, start, window, counts)
-        kept = self._windows.get(key)
+        kept = self._kept.get(key)
         if kept is not None:
             return kept
-        if self._shuffle:
+        if self.shuffle:
             base = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-            rng = np.random.Generator(np.random.Philox(key=self._seed, counter=[window, start, 7, epoch]))
+            rng = np.random.Generator(np.random.Philox(key=self.seed, counter=[window, start, 7, epoch]))
             slots = base[rng.permutation(base.size)]
         else:
             slots = _round_robin(counts)
@@ -168,15 +135,15 @@ class MixOrder(Order):
         for s in range(len(counts)):
             mask = slots == s
             before[mask] = np.arange(int(mask.sum()))
-        if len(self._windows) >= KEPT:
-            self._windows.pop(next(iter(self._windows)))
-        self._windows[key] = (slots, before)
+        if len(self._kept) >= KEPT:
+            self._kept.pop(next(iter(self._kept)))
+        self._kept[key] = (slots, before)
         return slots, before
 
     def count_before(self, epoch: int, place: int) -> np.ndarray:
         """Places of each source in ``[0, place)`` of ``epoch``."""
         total = np.zeros(len(self.names), dtype=np.int64)
-        segments = self._segments(epoch)
+        segments = self.segments(epoch)
         for j, (start, counts) in enumerate(segments):
             if place <= start:
                 break
@@ -184,10 +151,99 @@ class MixOrder(Order):
             full, rest = divmod(stop - start, self.window)
             total += full * np.asarray(counts, dtype=np.int64)
             if rest:
-                slots, _ = self._slots(epoch, start, full, counts)
+                slots, _ = self.slots(epoch, start, full, counts)
                 total += np.bincount(slots[:rest], minlength=len(counts))
         return total
 
+    def place_after(self, epoch: int, source: int, n: int) -> int:
+        """The place just after source ``source``'s ``n``-th place in ``epoch``."""
+        segments = self.segments(epoch)
+        for j, (start, counts) in enumerate(segments):
+            stop = segments[j + 1][0] if j + 1 < len(segments) else None
+            q = counts[source]
+            full = (n - 1) // q
+            slots, before = self.slots(epoch, start, full, counts)
+            at = start + full * self.window + int(np.flatnonzero((slots == source) & (before == n - 1 - full * q))[0])
+            if stop is None or at < stop:
+                return at + 1
+            n -= int(self.count_before(epoch, stop)[source] - self.count_before(epoch, start)[source])
+        raise AssertionError("unreachable: the last segment is endless")
+
+    def sources_at(self, epoch: int, places: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For global places of ``epoch``: the source of each, and its number among its source's places."""
+        segments = self.segments(epoch)
+        starts = np.array([s for s, _ in segments], dtype=np.int64)
+        which = np.searchsorted(starts, places, side="right") - 1
+        window, offset = np.divmod(places - starts[which], self.window)
+        source = np.empty(places.size, dtype=np.int64)
+        nth = np.empty(places.size, dtype=np.int64)
+        span = int(window.max(initial=0)) + 1
+        for pair in np.unique(which * span + window).tolist():
+            j, k = divmod(pair, span)
+            start, counts = segments[j]
+            mask = (which == j) & (window == k)
+            slots, before = self.slots(epoch, start, k, counts)
+            base = self.count_before(epoch, start + k * self.window)
+            s = slots[offset[mask]]
+            source[mask] = s
+            nth[mask] = base[s] + before[offset[mask]]
+        return source, nth
+
+
+class MixOrder(Order):
+    """An ``Order`` over a mix's places (see the module's docstring). ``num_samples`` and ``len()`` are those of
+    epoch 0 under the weights it was made with; ``shard_size(epoch)`` is each epoch's own (with ``ends`` of
+    "first" or "all" an epoch's length follows the weights). ``positions`` gives five columns per place: mix
+    index, valid, source, index in the source and own epoch (``make_plan`` makes a ``MixPlan`` of them)."""
+
+    skips_move_positions = False  # (a mix's runner makes every plan's batch from its own places: ``SkipFill.PADDING``)
+
+    def __init__(self, spec: MixSpec, sources: MixedSources, batch_size: int, *, shuffle: bool = True, seed: int = 0,
+                 rank: int = 0, world_size: int = 1, last_batch: LastBatch | str = LastBatch.PARTIAL,
+                 buffer_rows: int | None = None):
+        self.spec = spec
+        self.names = spec.names
+        self.sizes = sources.sizes
+        self.offsets = sources.offsets
+        self.windows = Windows(spec.names, spec.weights, spec.window, seed, shuffle)
+        self.streams = [_PartStream(part, part_seed(seed, k), shuffle, buffer_rows)
+                        for k, part in enumerate(sources.parts)]
+        self._drop_from(0)
+        self._arguments(self.length(0), batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
+                        last_batch=last_batch)
+
+    # ---- weights ------------------------------------------------------------------------------------------
+    @property
+    def weights(self) -> dict[str, float]:
+        """The weights in force last in the schedule (those the next batches are made with)."""
+        return dict(zip(self.names, self.windows.schedule[-1][2]))
+
+    def set_weights(self, weights: Mapping[str, float], epoch: int, rank_place: int) -> tuple[int, int]:
+        """Draw with ``weights`` from this rank's place ``rank_place`` of ``epoch`` on (the global place
+        ``rank_place * world_size``, the same on every rank at the same batch); a place at or past the epoch's
+        end means the next epoch's start. Returns the (epoch, global place) where they start."""
+        normal = normalised_weights(self.names, weights, self.windows.window, "set_weights")
+        place = rank_place * self.world_size
+        if place >= self.length(epoch):
+            epoch, place = epoch + 1, 0
+        self.windows.change(epoch, place, normal)
+        self._drop_from(epoch)
+        return epoch, place
+
+    def state(self) -> dict[str, Any]:
+        return self.windows.state()
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        self.windows.load(state)
+        self._drop_from(0)
+
+    def _drop_from(self, epoch: int) -> None:
+        """Drop what was computed for ``epoch`` and later (the schedule changed from there)."""
+        self._lengths = {e: v for e, v in getattr(self, "_lengths", {}).items() if e < epoch}
+        self._taken = {e: v for e, v in getattr(self, "_taken", {}).items() if e <= epoch}
+        self.windows.forget()
+
+    # ---- the epoch ----------------------------------------------------------------------------------------
     def taken_before(self, epoch: int) -> np.ndarray:
         """Samples of each source's stream taken by the mixed epochs before ``epoch``."""
         if 0 not in self._taken:
@@ -195,7 +251,7 @@ class MixOrder(Order):
         known = max(e for e in self._taken if e <= epoch)
         taken = self._taken[known]
         for e in range(known, epoch):
-            taken = taken + self.count_before(e, self.length(e))
+            taken = taken + self.windows.count_before(e, self.length(e))
             self._taken[e + 1] = taken
         return taken
 
@@ -204,44 +260,14 @@ class MixOrder(Order):
         if self.spec.ends is MixEnd.SAMPLES:
             return self.spec.samples or int(self.sizes.sum())
         if epoch not in self._lengths:
-            taken = self.taken_before(epoch)
-            need = self.sizes - taken % self.sizes
-            ends = [self._place_of(epoch, s, int(need[s])) for s in range(len(self.names))]
+            need = self.sizes - self.taken_before(epoch) % self.sizes
+            ends = [self.windows.place_after(epoch, s, int(need[s])) for s in range(len(self.names))]
             self._lengths[epoch] = min(ends) if self.spec.ends is MixEnd.FIRST else max(ends)
         return self._lengths[epoch]
 
-    def _place_of(self, epoch: int, source: int, n: int) -> int:
-        """The place just after source ``source``'s ``n``-th place in ``epoch``."""
-        segments = self._segments(epoch)
-        for j, (start, counts) in enumerate(segments):
-            stop = segments[j + 1][0] if j + 1 < len(segments) else None
-            q = counts[source]
-            full = (n - 1) // q
-            slots, before = self._slots(epoch, start, full, counts)
-            at = start + full * self.window + int(np.flatnonzero((slots == source) & (before == n - 1 - full * q))[0])
-            if stop is None or at < stop:
-                return at + 1
-            n -= int(self.count_before(epoch, stop)[source] - self.count_before(epoch, start)[source])
-        raise AssertionError("unreachable: the last segment is endless")
-
     def places(self, epoch: int, places: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """For global places of ``epoch``: the mix index, source, index in the source and own epoch of each."""
-        segments = self._segments(epoch)
-        starts = np.array([s for s, _ in segments], dtype=np.int64)
-        which = np.searchsorted(starts, places, side="right") - 1
-        window, offset = np.divmod(places - starts[which], self.window)
-        source = np.empty(places.size, dtype=np.int64)
-        nth = np.empty(places.size, dtype=np.int64)  # the sample's number among its source's places in the epoch
-        span = int(window.max(initial=0)) + 1
-        for pair in np.unique(which * span + window).tolist():
-            j, k = divmod(pair, span)
-            start, counts = segments[j]
-            mask = (which == j) & (window == k)
-            slots, before = self._slots(epoch, start, k, counts)
-            base = self.count_before(epoch, start + k * self.window)
-            s = slots[offset[mask]]
-            source[mask] = s
-            nth[mask] = base[s] + before[offset[mask]]
+        source, nth = self.windows.sources_at(epoch, places)
         taken = self.taken_before(epoch)
         local = np.empty(places.size, dtype=np.int64)
         own = np.empty(places.size, dtype=np.int64)
@@ -257,7 +283,8 @@ class MixOrder(Order):
         return self.offsets[source] + local, source, local, own
 
     # ---- a rank's share -----------------------------------------------------------------------------------
-    def _per_rank_of(self, length: int) -> int:
+    def shard_size(self, epoch: int) -> int:
+        length = self.length(epoch)
         if self.last_batch is LastBatch.DROP:
             return (length // self.world_size) // self.batch_size * self.batch_size
         samples = -(-length // self.world_size)
@@ -265,33 +292,18 @@ class MixOrder(Order):
             samples = -(-samples // self.batch_size) * self.batch_size
         return samples
 
-    def shard_size(self, epoch: int) -> int:
-        return self._per_rank_of(self.length(epoch))
-
-    def positions(self, epoch: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Mix indices and validity of this rank's positions ``[start, stop)`` of ``epoch``."""
-        index, valid, _, _, _ = self.rank_places(epoch, start, stop)
-        return index, valid
-
-    def rank_places(self, epoch: int, start: int, stop: int):
+    def positions(self, epoch: int, start: int, stop: int) -> tuple[np.ndarray, ...]:
         """This rank's positions ``[start, stop)`` of ``epoch``: mix index, valid, source, index in the source
         and own epoch of each (places past the epoch's end repeat its first ones, marked invalid)."""
         length = self.length(epoch)
         places = self.rank + self.world_size * np.arange(start, stop, dtype=np.int64)
-        valid = places < length
         index, source, local, own = self.places(epoch, places % length)
-        return index, valid, source, local, own
+        return index, places < length, source, local, own
 
-    def spans(self, epoch: int, start_batch: int = 0, *, start_sample: int | None = None,
-              first_batch: int | None = None) -> tuple[int, list[tuple[int, int]]]:
-        shard = self.shard_size(epoch)
-        start = start_batch * self.batch_size if start_sample is None else start_sample
-        if not 0 <= start <= shard:
-            raise ValueError(f"epoch {epoch} has {shard} {self.unit} on this rank; cannot start at {start}")
-        number = start // self.batch_size if first_batch is None else first_batch
-        bounds = [start] + list(range((start // self.batch_size + 1) * self.batch_size, shard, self.batch_size))
-        bounds = [b for b in bounds if b < shard] + [shard]
-        return number, list(zip(bounds, bounds[1:]))
+    def make_plan(self, columns: tuple[np.ndarray, ...], epoch: int, start: int, last: bool, batch: int,
+                  shard: int) -> MixPlan:
+        index, valid, source, local, own = columns
+        return MixPlan(index, valid, epoch, start, last, batch, shard, source, own, local)
 
     def epoch(self, epoch: int, start_batch: int = 0, *, start_sample: int | None = None,
               first_batch: int | None = None) -> Iterator[MixPlan]:
@@ -299,8 +311,7 @@ class MixOrder(Order):
         number, spans = self.spans(epoch, start_batch, start_sample=start_sample, first_batch=first_batch)
         shard = self.shard_size(epoch)
         for k, (a, b) in enumerate(spans):
-            index, valid, source, local, own = self.rank_places(epoch, a, b)
-            yield MixPlan(index, valid, epoch, a, b == shard, number + k, shard, source, own, local)
+            yield self.make_plan(self.positions(epoch, a, b), epoch, a, b == shard, number + k, shard)
 
 
 def _round_robin(counts: tuple[int, ...]) -> np.ndarray:

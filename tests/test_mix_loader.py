@@ -57,7 +57,7 @@ def test_each_sample_is_its_sources_own_in_the_plans_place(folders):
     epoch = 0
     for batch in batches:
         size = len(batch["index"])
-        index, valid, source, local, own = order.rank_places(epoch, position, position + size)
+        index, valid, source, local, own = order.positions(epoch, position, position + size)
         assert np.array_equal(batch["index"], index) and np.array_equal(batch["source"], source)
         assert np.array_equal(batch["index"] - loader.dataset.offsets[source], local)
         for s in np.unique(source).tolist():
@@ -183,3 +183,32 @@ def test_two_ranks_make_equal_batch_counts_and_share_the_epoch_exactly(folders):
     assert len(first) == len(second) == 3  # 17 places: 9 per rank, one of them padding
     together = sorted(i for b, _ in first + second for i in b)
     assert together == sorted(i for b, _ in whole for i in b)  # every place of the epoch once, over the ranks
+
+
+def test_a_mix_saved_on_two_ranks_resumes_on_three_with_every_place_once(folders):
+    spec = image_mix(folders, weights={"a": 0.5, "b": 0.5})
+    def loader(rank, world):
+        return Loader(spec, batch_size=2, placement="cpu", device="cpu", rank=rank, world_size=world, seed=4)
+    whole = loader(0, 1)
+    expected = sorted(i for b in whole for i in b["index"][b["valid"]].tolist())
+    whole.close()
+    got, states = [], []
+    for rank in (0, 1):
+        first = loader(rank, 2)
+        batches = iter(first)
+        for _ in range(2):
+            b = next(batches)
+            got += b["index"][b["valid"]].tolist()
+        states.append(first.state_dict())
+        first.close()
+    counts = []
+    for rank in range(3):
+        again = loader(rank, 3)
+        again.load_state_dict(states)
+        with pytest.raises(ValueError, match="next epoch"):
+            again.set_weights({"a": 1, "b": 3})
+        batches = [b for b in again]
+        counts.append(len(batches))
+        got += [i for b in batches for i in b["index"][b["valid"]].tolist()]
+        again.close()
+    assert len(set(counts)) == 1 and sorted(got) == expected
