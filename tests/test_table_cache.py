@@ -115,12 +115,15 @@ def test_three_epochs_same_bits_with_and_without_the_cache(made, name, mode, tmp
     plain = loader_of(copy(made, name, tmp_path / "plain"), "off")
     expected = [epoch_digest(plain) for _ in range(3)]
     expected_skips = [(os.path.basename(s.where), s.reason) for s in plain.skipped]
+    parsed_row_bytes = plain.source.cached_row_bytes
     plain.close()
     assert counts.take()[1] == 0 and not os.path.exists(tmp_path / "plain" / f".{name}.feedline-tablecache")
     assert len(expected_skips) == len(BAD_LINES)
 
     path = copy(made, name, tmp_path / "cached")
     loader = loader_of(path, mode)
+    # gathered from narrow records as a converted table's (by the first chunk's), not first prepared
+    assert 100 < loader.source.cached_row_bytes < parsed_row_bytes == 9 * 40
     first = epoch_digest(loader)
     parsed, read = counts.take()
     assert parsed >= 9 and len(chunk_files(path)) == 9  # every chunk parsed once and kept

@@ -79,13 +79,8 @@ def encode(parsed: ParsedChunk, key: bytes, parse_s_per_row: float) -> list[byte
     """The pieces of a chunk file, in order."""
     rows, num_ints = parsed.ints.shape
     num_floats = parsed.floats.shape[1]
-    dtypes = [np.dtype(np.uint8)] * num_ints
-    if rows and num_ints:
-        low, high = np.empty(num_ints, np.int64), np.empty(num_ints, np.int64)
-        _ranges(parsed.ints, low, high)
-        dtypes = [narrowest(int(a), int(b)) for a, b in zip(low, high)]
-    dtypes += [np.dtype(np.float64)] * num_floats
-    layout = RecordLayout(dtypes)
+    layout = layout_of(parsed.ints, num_floats)
+    dtypes = layout.dtypes
     records = np.zeros(max(layout.chunk_bytes(rows), 8), dtype=np.uint8)
     if dtypes:
         order = sorted(range(num_ints), key=lambda j: -dtypes[j].itemsize)  # integer columns widest first
@@ -166,6 +161,31 @@ def _described(doc: dict) -> bytes:
 
 
 _NOTHING = _described({"bad": [], "lists": []})
+
+
+def layout_of(ints: np.ndarray, num_floats: int) -> RecordLayout:
+    """The records of a chunk of these integer columns (each in the narrowest type holding its values) and
+    ``num_floats`` float columns."""
+    rows, num_ints = ints.shape
+    dtypes = [np.dtype(np.uint8)] * num_ints
+    if rows and num_ints:
+        low, high = np.empty(num_ints, np.int64), np.empty(num_ints, np.int64)
+        _ranges(ints, low, high)
+        dtypes = [narrowest(int(a), int(b)) for a, b in zip(low, high)]
+    return RecordLayout(dtypes + [np.dtype(np.float64)] * num_floats)
+
+
+def stored_layout(folder: str, chunk: int, key: bytes, columns: int) -> RecordLayout | None:
+    """The records of a kept chunk, from its header alone; None where there is none of this key."""
+    try:
+        with open(os.path.join(folder, chunk_name(chunk)), "rb") as f:
+            head = f.read(header_bytes(columns))
+        if len(head) != header_bytes(columns) or HEADER.unpack_from(head)[:2] != (MAGIC, key):
+            return None
+    except (OSError, struct.error):
+        return None
+    shape = _shape(head[HEADER.size:HEADER.size + columns])
+    return None if shape is None else shape[0]
 
 
 def write(folder: str, chunk: int, pieces: list) -> int:

@@ -40,6 +40,7 @@ from .cached_chunks import ParsedChunk
 from .chunk_cache import PackedChunk
 from .chunked import ChunkIndex
 from .index_store import INDEX_DIR_ENV, Fingerprint
+from .table_rows import RowError
 from .text import TextFormat
 
 log = logging.getLogger("feedline")
@@ -66,13 +67,37 @@ class CachedTextFormat(TextFormat):
         scalars = sum(c.kind is not ColumnKind.INT_LIST for c in self.columns)
         lists = tuple(c.name for c in self.columns if c.kind is ColumnKind.INT_LIST)
         self.cache = TableCache(settings, memory_rows, scalars, lists)
+        self._indexes: dict[str, ChunkIndex] = {}
+        self._row_bytes: float | None = None
 
     def index(self, path: str) -> ChunkIndex:
         before = Fingerprint.of(path)
         index = super().index(path)
         same = Fingerprint.of(path) == before  # content that moved while it was indexed is never cached
         self.cache.add(path, index, before if same else None, self._definition())
+        self._indexes[path] = index
         return index
+
+    def cached_row_bytes(self, path: str) -> float | None:
+        """Bytes a row of a kept chunk takes where the cache is to be read (``ChunkedTable`` plans its gathers by
+        it: narrow records are gathered as they are, not first prepared, as a converted table's), from a kept
+        chunk's header or else the first chunk parsed; None (a parsed block's) where it is not to be read."""
+        if self._row_bytes is None:
+            self._row_bytes = 0.0
+            first = next(iter(self._indexes), None)
+            if first is not None and self.cache.expected() and self._indexes[first].rows.size:
+                layout = self.cache.stored_layout(first, 0)
+                if layout is None:
+                    try:
+                        parsed = self.load(first, self._indexes[first], 0)
+                    except RowError:
+                        parsed = None
+                    if parsed is not None and parsed.ints is not None:
+                        floats = 0 if parsed.floats is None else parsed.floats.shape[1]
+                        layout = cached_chunks.layout_of(np.ascontiguousarray(parsed.ints, np.int64), floats)
+                if layout is not None:
+                    self._row_bytes = float(layout.record + layout.flag_bytes)
+        return self._row_bytes or None
 
     def _definition(self) -> dict:
         layout = self.layout
@@ -178,6 +203,20 @@ class TableCache:
                                  definition)
         self.decision = pending(_what(self.files), self.settings)
 
+    def expected(self) -> bool:
+        """Whether the cache is to be read (before measuring: not OFF, and with AUTO a table larger than the
+        rows the Loader keeps parsed)."""
+        return self.settings.mode is CacheMode.ON or (self.settings.mode is CacheMode.AUTO
+                                                      and self.rows > self.memory_rows)
+
+    def stored_layout(self, path: str, chunk: int):
+        f = self.files[path]
+        for folder in f.readable if f.key is not None else ():
+            layout = cached_chunks.stored_layout(folder, chunk, f.key, self._shape[0])
+            if layout is not None:
+                return layout
+        return None
+
     def load(self, path: str, chunk: int, rows: int, parse) -> PackedChunk:
         f = self.files[path]
         if self._first:
@@ -207,7 +246,7 @@ class TableCache:
             if not self._first:
                 return
             self._first = False
-            if self.settings.mode is CacheMode.AUTO and self.rows <= self.memory_rows:
+            if self.settings.mode is CacheMode.AUTO and not self.expected():
                 self._state = "off"
                 self.decision = CacheDecision(
                     False, f"not cached: the table's {self.rows:,} rows fit in the {self.memory_rows:,} parsed rows "
