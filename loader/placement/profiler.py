@@ -70,7 +70,7 @@ def profile(spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, or
         cut = min(spec.valid_cuts())
         on_gpu, _ = _measure(runners, dataclasses.replace(config, cut=cut, device=torch.device("cuda"),
                                                            batch_size=batch_size, seed=0, num_threads=1,
-                                                           prefetch=1), plans)
+                                                           prefetch=1), plans, batch_path=False)
         gpu_names = {s.name for s in spec.stages[cut:]}
         gpu_seconds = {k: v / on_gpu.samples for k, v in on_gpu.seconds.items() if k in gpu_names}
         for group, seconds in on_gpu.together.items():
@@ -132,16 +132,18 @@ def process_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _measure(runners: RunnerFactory, config: RunnerConfig, plans: list[BatchPlan]) -> tuple[StageTimes, BatchPath]:
+def _measure(runners: RunnerFactory, config: RunnerConfig, plans: list[BatchPlan], *,
+             batch_path: bool = True) -> tuple[StageTimes, BatchPath | None]:
     """The runner's profile of the first half of the plans after the warm-up ones, batch by batch (each stage's
     median per sample: a one-off cost, such as a kernel loaded at its first call, is no stage's steady cost),
-    then its batch path over the second half (other samples: what the first made may be cached)."""
+    then (``batch_path``) its batch path over the second half (other samples: what the first made may be
+    cached)."""
     runner = runners(config)
     half = WARMUP + (len(plans) - WARMUP) // 2
     try:
         runner.profile(plans[:WARMUP])
         times = median_times([runner.profile([plan]) for plan in plans[WARMUP:half]])
-        return times, _batch_path(runner, plans[half:])
+        return times, _batch_path(runner, plans[half:]) if batch_path else None
     finally:
         runner.close()
 
