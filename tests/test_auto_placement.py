@@ -117,7 +117,7 @@ def test_a_replan_that_moves_the_cut_mid_epoch_delivers_the_cpu_batches(image_di
     cpu = torch.device("cpu")
     built = []
 
-    def make_runner(pipeline, source, config, skips=None):
+    def make_runner(pipeline, source, config, skips=None, caches=None):  # (no image cache: a test of re-planning)
         built.append(config.cut)
         if config.cut < EMULATED_GPU_CUT:
             return NeedsDaliOnAGpu(config.cut)
