@@ -91,6 +91,8 @@ def bench_placements(spec: PipelineSpec, *, batch_size: int, batches: int = 20, 
               "batches_per_round": per_round, "untimed_batches_per_round": untimed,
               "auto_placement": auto.plan["placement"], "auto_threads": auto.plan["threads"],
               "auto_prefetch": auto.plan["prefetch"],
+              # why auto placed as it did: its moves (the first is its initial plan) and its measured thread check
+              "auto_history": auto.plan.get("history"), "auto_thread_check": auto.plan.get("thread_check"),
               "auto_samples_per_s": medians["auto"], "best_static_samples_per_s": medians[best],
               "best_static_placement": best, "auto_vs_best_static": medians["auto"] / medians[best],
               # the ratio's noise: NOISE_SIGMAS standard errors of the two medians together

@@ -154,6 +154,8 @@ def test_the_bench_reports_rounds_and_spread(image_dir, monkeypatch):
         assert len(rates) == 3 and statistics.median(rates) == pytest.approx(
             result["auto_samples_per_s"] if name == "auto" else result["static_samples_per_s"][name])
         assert result["spread"][name] == pytest.approx(relative_spread(rates))
+    assert result["auto_history"][-1]["to"] == result["auto_placement"]  # how auto came to its placement
+    assert "auto_thread_check" in result
     best = result["best_static_placement"]
     assert result["auto_vs_best_static_noise"] == pytest.approx(
         2.0 * math.hypot(result["spread"]["auto"], result["spread"][best]))
