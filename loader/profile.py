@@ -86,9 +86,8 @@ def profile_loader(loader, *, batches: int = 40, trainer_step_ms: float | str | 
         notes.append("remote workers make batches too: the stage times are the local placement's")
     predicted = model.current.prediction.samples_per_s if model.current is not None else None
     if predicted is not None and capacity < 0.5 * predicted:
-        notes.append(f"measured {capacity / predicted:.0%} of the predicted rate: time not spent on the CPU inside "
-                     f"stages (a stage that sleeps or waits, reading from a slow disk), or cores "
-                     f"busy with other work")
+        notes.append(f"measured {capacity / predicted:.0%} of the predicted rate: time the profile does not see "
+                     f"(cores busy with other work, waits outside the timed stages)")
     profile = Profile(
         pipeline=spec.name, batch_size=loader.batch_size, device=str(loader.device),
         placement={"placement": spec.describe_cut(cut), "cut": cut, "threads": threads, "prefetch": loader.prefetch,
