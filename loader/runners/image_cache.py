@@ -18,7 +18,7 @@ import numpy as np
 from ...pipelines.imaging.base import ImageStage
 from ...pipelines.imaging.custom import Custom
 from ...pipelines.spec import PipelineSpec
-from ..cache_policy import CacheDecision, CacheSettings, available_bytes, pending
+from ..cache_policy import CacheDecision, CacheMode, CacheSettings, available_bytes, pending
 
 OUTPUT, DECODED = "output", "decoded"
 _FORMAT = 1
@@ -249,7 +249,9 @@ class ImageCaches:
     def report(self) -> dict:
         """The decision now, for ``loader.plan``: what is cached, whether it is used and why, with the figures."""
         if self.current is None:
-            return {"mode": self.settings.mode.value, "use": False, "reason": "no image cache in use"}
+            reason = "not cached: cache='off'" if self.settings.mode is CacheMode.OFF else \
+                "no image cache in use (not an image pipeline, a mix of sources, or remote workers make the batches)"
+            return {"mode": self.settings.mode.value, "use": False, "reason": reason}
         store = self.stores[self.current]
         decision = self.decisions.get(self.current) or pending(self.kinds[self.current], self.settings)
         return {**decision.as_dict(), "kind": self.kinds[self.current], "where": store.where,

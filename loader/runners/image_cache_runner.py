@@ -12,8 +12,8 @@ says whether later epochs use it. A decision not to use it runs the plain pipeli
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
-import os
 import time
 from typing import Iterator
 
@@ -23,12 +23,14 @@ import torch
 from ...pipelines.imaging.types import Dtype
 from ...pipelines.spec import PipelineSpec
 from ..cache_policy import CacheDecision, available_bytes, decide
+from ..devices import is_gpu_failure
 from ..errors import DataError, OnError, Skipped
 from ..sampler import BatchPlan
 from ..skip_log import SkipLog
 from .contract import NO_TIMER, BatchInfo, RunnerConfig, StageTimer, StageTimes
 from .image_batches import BatchFormer
 from .image_cache import DECODED, OUTPUT, DiskStore, ImageCaches, cache_key, cache_kind
+from .image_faults import sample_at_fault
 from .image_runner import ImageRunner
 
 READ_PROBE = 64  # samples read back from a store to time it
@@ -105,13 +107,6 @@ class _Decoder:
             out = out.as_cpu()
         return [np.array(out[i]) for i in range(len(encoded))]
 
-    def decode_one(self, data: np.ndarray, where: str) -> np.ndarray:
-        try:
-            return self.decode([data])[0]
-        except RuntimeError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise DataError(where, f"cannot be decoded: {first}") from None
-
 
 def capped_size(size: np.ndarray, max_side: int | None) -> np.ndarray:
     """``(width, height)`` with the longer side at most ``max_side`` (None: as it is), the aspect kept."""
@@ -146,19 +141,13 @@ class _DecodingFormer(BatchFormer):
             started = time.perf_counter()
             try:
                 images = cache.decoder.decode([encoded[k] for k in missing])
-            except RuntimeError:
-                images = None
-            if images is None:  # find the sample at fault, one by one
-                images = []
-                for k in missing:
-                    sample = batch.good[k]
-                    try:
-                        images.append(cache.decoder.decode_one(encoded[k], self.source.where(sample.index)))
-                    except DataError as error:
-                        if self.on_error is OnError.RAISE:
-                            raise
-                        self.form_again([batch], sample, error)
-                        return self._form()
+            except RuntimeError as exc:  # named as the uncached pipeline names it (``image_faults``)
+                subset = dataclasses.replace(batch, good=[batch.good[k] for k in missing])
+                sample, error = sample_at_fault(self.source, subset, exc, ask_dali=not is_gpu_failure(exc))
+                if sample is None or self.on_error is OnError.RAISE:
+                    raise error from None
+                self.form_again([batch], sample, error)
+                return self._form()
             cache.made_s += time.perf_counter() - started
             cache.made += len(missing)
             for k, image in zip(missing, images):
@@ -186,7 +175,9 @@ class CachedImageRunner:
         what = f"{self.kind} {[repr(s) for s in prefix]} {engines} {config.max_pixels} {config.device.type} " \
                f"{self.max_side}"
         dtype = np.float32 if self.kind == OUTPUT and graph.output.dtype is Dtype.FLOAT32 else np.uint8
-        self.key = cache_key(spec, source, what)
+        # On disk the key names the files' versions (a stat of each file); in RAM the store lives and dies with
+        # this Loader's source, so the prefix and placement name it.
+        self.key = cache_key(spec, source, what) if caches.settings.directory is not None else what
         self.store = caches.store(self.key, self.kind, dtype)
         self.made_s, self.made = 0.0, 0  # recomputing, measured: seconds and samples
         self.decoded = None
@@ -200,6 +191,20 @@ class CachedImageRunner:
     @property
     def skipped(self) -> list[Skipped]:
         return self.plain.skipped
+
+    @property
+    def making(self) -> ImageRunner:
+        """The image runner that makes the batches now: the one fed decoded images while they are kept or
+        measured, else the plain one."""
+        decision = self.decision
+        if self.decoded is not None and (decision is None or decision.use or self.max_side is not None):
+            return self.decoded
+        return self.plain
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("plain", "decoded", "caches", "key", "kind"):
+            raise AttributeError(name)
+        return getattr(self.making, name)  # what an ImageRunner has (tests and diagnostics ask for it)
 
     @property
     def decision(self) -> CacheDecision | None:
