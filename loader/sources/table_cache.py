@@ -90,7 +90,7 @@ class CachedTextFormat(TextFormat):
                 if layout is None:
                     try:
                         parsed = self.load(first, self._indexes[first], 0)
-                    except RowError:
+                    except (RowError, OSError):  # (met again, and said, when the chunk is read)
                         parsed = None
                     if parsed is not None and parsed.ints is not None:
                         floats = 0 if parsed.floats is None else parsed.floats.shape[1]
