@@ -25,14 +25,35 @@ from .buffers import BufferRing
 from .contract import NO_TIMER, BatchInfo, RunnerConfig, SkipFill, StageTimer, StageTimes
 
 
-class _Split:
-    """Mixed plans in, one plan stream per source out (thread-safe: a runner may pull from its own threads)."""
+class _Piece:
+    """A mixed plan's places drawn from one source (and one of its own epochs), and, once the source plan that
+    holds them is made, which one it is (``sub``, counted per source) and their rows in it."""
 
-    def __init__(self, plans: Iterator[MixPlan], parts: int):
+    __slots__ = ("source", "places", "local", "valid", "sub", "start", "stop")
+
+    def __init__(self, source: int, places: np.ndarray, local: np.ndarray, valid: np.ndarray):
+        self.source, self.places, self.local, self.valid = source, places, local, valid
+        self.sub, self.start, self.stop = None, 0, 0
+
+
+class _Split:
+    """Mixed plans in, one plan stream per source out (thread-safe: a runner may pull from its own threads).
+
+    A source's plan gathers its places from consecutive mixed plans (a mixed plan's places may end one source
+    plan and start the next), ``rows`` of them (the batch size), or fewer where ``most`` mixed plans gave them
+    or its own epoch changes, so that each source's batches are as large as one source's
+    would be: a half-size batch costs an image pipeline nearly a whole one's fixed work."""
+
+    def __init__(self, plans: Iterator[MixPlan], parts: int, rows: int, most: int = 8):
         self._plans = plans
         self._lock = threading.Lock()
-        self._queues = [deque() for _ in range(parts)]
-        self._made: deque = deque()  # (plan, [(source, places in the batch)]) in plan order
+        self._rows, self._most = rows, most
+        self._queues = [deque() for _ in range(parts)]  # the plans each source's runner takes
+        self.issued = [deque() for _ in range(parts)]   # ... and the same for the batch thread, to match rows
+        self._open: list[list[_Piece]] = [[] for _ in range(parts)]
+        self._epoch = [None] * parts
+        self._counted = [0] * parts
+        self._made: deque = deque()  # (plan, [_Piece]) in plan order
         self._over = False
         self._numbered = 0
 
@@ -43,24 +64,56 @@ class _Split:
         plan = next(self._plans, None)
         if plan is None:
             self._over = True
+            for source in range(len(self._open)):
+                self._close(source)
             return False
         if not isinstance(plan, MixPlan):
             raise TypeError(f"a mix's runner takes MixPlans, which say each sample's source and own epoch; got a "
-                            f"{type(plan).__name__} (an order dealing a mix's places makes them from "
-                            f"MixOrder.rank_places)")
+                            f"{type(plan).__name__} (an order dealing a mix's places makes them with "
+                            f"MixOrder.make_plan)")
         pieces = []
         key = plan.sources * (int(plan.source_epochs.max()) + 1) + plan.source_epochs
         for k in np.unique(key).tolist():
             places = np.flatnonzero(key == k)
-            source = int(plan.sources[places[0]])
-            # (numbered in turn: a runner tells one plan's samples from the next by epoch and number)
-            sub = BatchPlan(plan.local[places], plan.valid[places], int(plan.source_epochs[places[0]]),
-                            0, False, self._numbered, None)
-            self._numbered += 1
-            self._queues[source].append(sub)
-            pieces.append((source, places))
+            source, epoch = int(plan.sources[places[0]]), int(plan.source_epochs[places[0]])
+            if self._epoch[source] != epoch:
+                self._close(source)
+                self._epoch[source] = epoch
+            while places.size:  # (a runner's batch holds no more than the batch size: the rest starts the next)
+                room = self._rows - self._held(source)
+                if room == 0:
+                    self._close(source)
+                    continue
+                taken, places = places[:room], places[room:]
+                piece = _Piece(source, taken, plan.local[taken], plan.valid[taken])
+                self._open[source].append(piece)
+                pieces.append(piece)
+        for source, held in enumerate(self._open):
+            if held and (self._held(source) >= self._rows or len(held) >= self._most):
+                self._close(source)
         self._made.append((plan, pieces))
         return True
+
+    def _held(self, source: int) -> int:
+        return sum(p.local.size for p in self._open[source])
+
+    def _close(self, source: int) -> None:
+        """Make the source's plan of the places it holds."""
+        held = self._open[source]
+        if not held:
+            return
+        start = 0
+        for piece in held:
+            piece.sub, piece.start, piece.stop = self._counted[source], start, start + piece.local.size
+            start = piece.stop
+        # (numbered in turn: a runner tells one plan's samples from the next by epoch and number)
+        sub = BatchPlan(np.concatenate([p.local for p in held]), np.concatenate([p.valid for p in held]),
+                        self._epoch[source], 0, False, self._numbered, None)
+        self._numbered += 1
+        self._counted[source] += 1
+        self._queues[source].append(sub)
+        self.issued[source].append(sub)
+        self._open[source] = []
 
     def stream(self, source: int) -> Iterator[BatchPlan]:
         queue = self._queues[source]
@@ -74,10 +127,15 @@ class _Split:
             yield sub
 
     def next_made(self):
+        """The next mixed plan and its pieces, each in a source plan already made."""
         with self._lock:
             while not self._made and self._pull():
                 pass
-            return self._made.popleft() if self._made else None
+            if not self._made:
+                return None
+            while any(piece.sub is None for piece in self._made[0][1]) and self._pull():
+                pass
+            return self._made.popleft()
 
 
 class _Ahead:
@@ -159,6 +217,12 @@ def _record(value, stream) -> None:
             _record(item, stream)
 
 
+def _threads(total: int, weight: float) -> int:
+    """A source runner's share of the placement's threads (its weight's, at least one): the sources run side by
+    side, and each runner's threads beside the others' would oversubscribe the cores."""
+    return max(1, round(total * weight))
+
+
 class MixRunner:
     """The ``Runner`` of a ``MixSpec`` over its ``MixedSources``; ``make(spec, source, config)`` makes each
     source's runner (``make_runner`` with the Loader's skip log). Batches hold ``source`` beside ``index``."""
@@ -171,8 +235,9 @@ class MixRunner:
         self._outputs = BufferRing(capacity=config.prefetch + 3)  # merged batches: queued, being made, with the trainer
         self.runners = [make(part, source, dataclasses.replace(config, cut=spec.cut_for(k, config.cut),
                                                                seed=part_seed(config.seed, k),
+                                                               num_threads=_threads(config.num_threads, w),
                                                                skip_fill=SkipFill.PADDING))
-                        for k, (part, source) in enumerate(zip(spec.parts, sources.parts))]
+                        for k, (part, source, w) in enumerate(zip(spec.parts, sources.parts, spec.weights))]
 
     @property
     def skipped(self):
@@ -185,13 +250,26 @@ class MixRunner:
 
     def batches(self, plans: Iterator[MixPlan], timer: StageTimer = NO_TIMER
                 ) -> Iterator[tuple[dict, BatchInfo]]:
-        split = _Split(iter(plans), len(self.runners))
+        split = _Split(iter(plans), len(self.runners), self.config.batch_size)
         made = [_Ahead(lambda r=runner, k=k: r.batches(split.stream(k)), self.config.prefetch, self.config.device,
                        name) for k, (runner, name) in enumerate(zip(self.runners, self.spec.names))]
+        current: list = [None] * len(self.runners)  # per source: (its plan's number, batch, rows, good)
+        counted = [0] * len(self.runners)
         try:
             while (next_plan := split.next_made()) is not None:
                 plan, pieces = next_plan
-                parts = [(places, made[source].next()) for source, places in pieces]
+                parts = []
+                for piece in pieces:
+                    s = piece.source
+                    while current[s] is None or current[s][0] < piece.sub:
+                        batch = made[s].next()
+                        rows, good = _rows_of(batch, split.issued[s].popleft().indices)
+                        current[s] = (counted[s], batch, rows, good)
+                        counted[s] += 1
+                    _, batch, rows, good = current[s]
+                    parts.append((piece.places, batch, slice(piece.start, piece.stop) if rows is None
+                                  else rows[piece.start:piece.stop], None if good is None
+                                  else good[piece.start:piece.stop]))
                 batch = merge(plan, parts, self.spec.outputs, self._outputs.empty)
                 yield batch, BatchInfo(plan.epoch, plan.start + plan.indices.size, plan.last)
         finally:
@@ -201,7 +279,7 @@ class MixRunner:
     def profile(self, plans: list[MixPlan]) -> StageTimes:
         """Each source's runner profiled on its share of the plans; the first source's stage names carry the
         seconds of every source (summed by position in the stages)."""
-        split = _Split(iter(plans), len(self.runners))
+        split = _Split(iter(plans), len(self.runners), self.config.batch_size)
         while split.next_made() is not None:
             pass
         shares = [list(split.stream(k)) for k in range(len(self.runners))]
@@ -244,24 +322,25 @@ def _rows_of(sub: dict, expected: np.ndarray) -> tuple[np.ndarray | None, np.nda
     return rows, good
 
 
-def merge(plan: MixPlan, parts: list[tuple[np.ndarray, dict]], outputs, empty=torch.empty) -> dict:
-    """The batch of ``plan`` from its sources' batches (``(places, batch)``): every output in plan order, ``index``
-    the mix index, ``source`` the source number and ``valid`` where any place is invalid. ``empty(shape, dtype)``
-    gives the CPU tensors written (a ``BufferRing``'s, reused once the trainer lets go of them)."""
+def merge(plan: MixPlan, parts: list, outputs, empty=torch.empty) -> dict:
+    """The batch of ``plan`` from its sources' batches: ``parts`` are ``(places, batch, rows, good)``, the rows
+    (a slice or an index array) of ``batch`` that fill ``places``, and which of them hold a sample (None: all
+    that the batch says are valid). Every output in plan order, ``index`` the mix index, ``source`` the source
+    number and ``valid`` where any place is invalid. ``empty(shape, dtype)`` gives the CPU tensors written (a
+    ``BufferRing``'s, reused once the trainer lets go of them)."""
     size = plan.indices.size
     valid = plan.valid.copy()
-    reorder = []
-    for places, sub in parts:
-        rows, good = _rows_of(sub, plan.local[places])
+    for places, sub, rows, good in parts:
         if good is not None:
             valid[places] &= good
         elif "valid" in sub:
-            valid[places] &= sub["valid"].cpu().numpy()
-        reorder.append((places, rows, sub))
-    if len(parts) == 1 and reorder[0][1] is None:
+            valid[places] &= sub["valid"].cpu().numpy()[rows]
+    whole = len(parts) == 1 and isinstance(parts[0][2], slice) and parts[0][2] == slice(0, size) \
+        and len(parts[0][1]["index"]) == size
+    if whole:
         batch = {name: parts[0][1][name] for name in outputs}
     else:
-        batch = {name: _merged(name, size, reorder, empty) for name in outputs}
+        batch = {name: _merged(name, size, parts, empty) for name in outputs}
     device = batch[outputs[0]].device if isinstance(batch[outputs[0]], torch.Tensor) else torch.device("cpu")
     batch["index"] = torch.from_numpy(plan.indices).to(device)
     batch["source"] = torch.from_numpy(plan.sources).to(device)
@@ -270,24 +349,26 @@ def merge(plan: MixPlan, parts: list[tuple[np.ndarray, dict]], outputs, empty=to
     return batch
 
 
-def _merged(name: str, size: int, reorder, empty):
-    first = reorder[0][2][name]
+def _merged(name: str, size: int, parts, empty):
+    first = parts[0][1][name]
     if isinstance(first, dict):  # a KeyedJaggedTensor layout
-        return _merged_jagged(size, [(places, rows, sub[name]) for places, rows, sub in reorder])
+        return _merged_jagged(size, [(places, _as_array(rows), sub[name]) for places, sub, rows, _ in parts])
     if first.device.type == "cpu":  # (NumPy's row copies: torch's index_copy_ is 20x slower on uint8 images here)
         out = empty((size, *first.shape[1:]), first.dtype)
         rows_out = out.numpy()
-        for places, rows, sub in reorder:
-            value = sub[name].numpy()
-            rows_out[places] = value if rows is None else value[rows]
+        for places, sub, rows, _ in parts:
+            rows_out[places] = sub[name].numpy()[rows]
         return out
     out = torch.empty((size, *first.shape[1:]), dtype=first.dtype, device=first.device)
-    for places, rows, sub in reorder:
+    for places, sub, rows, _ in parts:
         value = sub[name]
-        if rows is not None:
-            value = value.index_select(0, torch.from_numpy(rows).to(value.device))
+        value = value[rows] if isinstance(rows, slice) else value.index_select(0, torch.from_numpy(rows).to(value.device))
         out.index_copy_(0, torch.from_numpy(places).to(out.device), value)
     return out
+
+
+def _as_array(rows) -> np.ndarray:
+    return np.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows
 
 
 def _merged_jagged(size: int, pieces) -> dict:
