@@ -88,6 +88,9 @@ def profile_loader(loader, *, batches: int = 40, trainer_step_ms: float | str | 
     if predicted is not None and capacity < 0.5 * predicted:
         notes.append(f"measured {capacity / predicted:.0%} of the predicted rate: time the profile does not see "
                      f"(cores busy with other work, waits outside the timed stages)")
+    cache = loader.plan.get("cache")
+    if cache is not None:
+        notes.append(f"cache: {cache['reason']}")  # whether the deterministic prefix is cached, and why
     profile = Profile(
         pipeline=spec.name, batch_size=loader.batch_size, device=str(loader.device),
         placement={"placement": spec.describe_cut(cut), "cut": cut, "threads": threads, "prefetch": loader.prefetch,

@@ -283,3 +283,11 @@ def test_two_writers_of_one_disk_store_leave_one_whole_store(tmp_path):
         assert store.complete and store.recompute_s == 0.001
         assert [store.get(i).tolist() for i in range(3)] == [np.full((2, 3, 3), i, np.uint8).tolist()
                                                              for i in range(3)]
+
+
+def test_the_profile_notes_the_decision(images):
+    with Loader(image.val(images, size=32), 4, placement="cpu", num_threads=2, cache="on") as loader:
+        for _ in range(2):
+            list(loader)
+        notes = loader.profile(batches=2).notes
+    assert any(n.startswith("cache: cached: cache='on' and it fits") for n in notes), notes
