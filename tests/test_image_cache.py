@@ -216,8 +216,12 @@ def test_a_disk_store_is_reused_by_the_next_loader_and_not_trusted_after_a_rewri
 def test_default_auto_changes_no_bit(images):
     spec = image.train(images, size=32)
     off, _ = run(spec, epochs=2)
-    auto, _ = run(spec, epochs=2, cache="auto")
+    auto, reports = run(spec, epochs=2, cache="auto")
     same(off, auto)
+    # Decoded training images are kept only when asked for: filling them costs the first epoch whole decodes.
+    assert reports[-1]["use"] is False and "only with cache='on'" in reports[-1]["reason"]
+    _, reports = run(spec, epochs=2, cache="on")
+    assert reports[-1]["use"] is True and reports[-1]["kind"] == DECODED
 
 
 # ---- capped decoded images (opt-in, FFCV-style) -----------------------------------------------------------

@@ -231,6 +231,10 @@ class ImageCaches:
         self.decisions: dict[str, CacheDecision] = {}
         self.kinds: dict[str, str] = {}
         self.current: str | None = None
+        self.why_not: str | None = None  # why the pipeline's images are not cached, where that is decided up front
+
+    def note_not_cached(self, reason: str) -> None:
+        self.current, self.why_not = None, reason
 
     def store(self, key: str, kind: str, dtype) -> RamStore:
         if key not in self.stores:
@@ -249,7 +253,7 @@ class ImageCaches:
     def report(self) -> dict:
         """The decision now, for ``loader.plan``: what is cached, whether it is used and why, with the figures."""
         if self.current is None:
-            reason = "not cached: cache='off'" if self.settings.mode is CacheMode.OFF else \
+            reason = "not cached: cache='off'" if self.settings.mode is CacheMode.OFF else self.why_not or \
                 "no image cache in use (not an image pipeline, a mix of sources, or remote workers make the batches)"
             return {"mode": self.settings.mode.value, "use": False, "reason": reason}
         store = self.stores[self.current]
