@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Iterator, Mapping
 
 import numpy as np
@@ -26,6 +27,18 @@ from .image_bench import SETTLE_S, ROUND_OVER_READAHEAD
 from .trainer import alternate, cuda_sync, median_rate
 
 
+def readahead(loader, weights=None) -> int:
+    """Batches a loader can hold made ahead of its taker (they fill while the other contender is timed): its own
+    queue and its runner's (an image runner's DALI queue is ``prefetch`` deep); a mix's sources each hold two
+    such queues of batches of their own, which last ``1 / weight`` mixed batches each, and the first source to
+    run dry bounds it."""
+    if loader is None:
+        return 0
+    if weights is None:
+        return 2 * loader.prefetch
+    return loader.prefetch + min(math.ceil(2 * loader.prefetch / w) for w in weights) + 1
+
+
 def _sources_counted(stream: Iterator, counts: np.ndarray, tick) -> Iterator:
     """``stream``'s batches, adding up the valid samples of each source as they are delivered."""
     for batch in stream:
@@ -39,12 +52,13 @@ def bench_mix(parts: Mapping[str, tuple[PipelineSpec, float]], *, single: Pipeli
               placement: str = "cpu", batch_size: int = 64, batches: int = 60, rounds: int = 3, warmup: int = 3,
               window: int = 1000, progress: bool = True, settle_s: float = SETTLE_S) -> dict:
     """``parts``: name -> (pipeline, weight). The mix, and ``single`` if given, each over ``batches`` timed
-    batches split in ``rounds`` alternating rounds after ``warmup`` untimed ones."""
+    batches split in ``rounds`` alternating rounds after ``warmup`` untimed ones; a round is at least
+    ``ROUND_OVER_READAHEAD`` times the larger read-ahead (``readahead``), and starts by taking that much untimed."""
     spec = mix({n: p for n, (p, _) in parts.items()}, {n: w for n, (_, w) in parts.items()}, window=window)
     contenders = {"mix": Loader(spec, batch_size=batch_size, placement=placement, last_batch="drop")}
     if single is not None:
         contenders["single"] = Loader(single, batch_size=batch_size, placement=placement, last_batch="drop")
-    untimed = max(max(loader.prefetch for loader in contenders.values()), 1)
+    untimed = max(readahead(contenders["mix"], spec.weights), readahead(contenders.get("single")))
     per_round = max(batches // rounds, ROUND_OVER_READAHEAD * untimed)
     counts = np.zeros(len(spec.names), dtype=np.int64)
     sync = cuda_sync()
@@ -64,7 +78,7 @@ def bench_mix(parts: Mapping[str, tuple[PipelineSpec, float]], *, single: Pipeli
             stream.close()
     loader = contenders["mix"]
     result = {"pipeline": spec.name, "placement": spec.describe_cut(loader.cut), "batch_size": batch_size,
-              "batches": per_round * rounds, "rounds": rounds, "cores": available_cores(), "window": window,
+              "batches": per_round * rounds, "rounds": rounds, "untimed_batches_per_round": untimed, "cores": available_cores(), "window": window,
               "sources": {n: len(part) for n, part in zip(spec.names, loader.dataset.parts)},
               "weights": dict(zip(spec.names, spec.weights)),
               "delivered_share": {n: float(c) / max(int(counts.sum()), 1) for n, c in zip(spec.names, counts)},
