@@ -423,3 +423,33 @@ def test_a_chunk_file_reads_back_the_values_it_was_given():
     assert np.array_equal(stored.lists["tags"].offsets, lists["tags"].offsets)
     assert np.array_equal(stored.lists["tags"].values, lists["tags"].values)
     assert stored.parse_s_per_row == 1.5e-6
+
+
+def test_two_loaders_filling_one_cache_at_once(made, tmp_path, monkeypatch):
+    """Two Loaders (as two ranks or runs would) parse and write the same chunks at the same time: each gets its
+    own batches, and what they leave is whole chunks a third Loader reads without parsing."""
+    import threading
+
+    path = copy(made, "day.tsv.gz", tmp_path)
+    plain = loader_of(copy(made, "day.tsv.gz", tmp_path / "plain"), "off")
+    expected = [epoch_digest(plain) for _ in range(2)]
+    plain.close()
+    loaders = [loader_of(path, "on") for _ in range(2)]
+    got = [None, None]
+
+    def run(k):
+        got[k] = [epoch_digest(loaders[k]) for _ in range(2)]
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for loader in loaders:
+        loader.close()
+    assert got == [expected, expected]
+    counts = Counts(monkeypatch)
+    third = loader_of(path, "on")
+    assert epoch_digest(third) == expected[0] and counts.take()[0] == 0
+    third.close()
+    assert not [n for n in os.listdir(os.path.dirname(chunk_files(path)[0])) if n.endswith(".tmp")]
