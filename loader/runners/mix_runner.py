@@ -1,11 +1,13 @@
-"""Runs a mix: one runner per source, each with its own stages, placement and read-ahead; every mixed plan is
-split into one plan per (source, own epoch) it draws from, and their batches are put back in the plan's order.
+"""Runs a mix: one runner per source, each with its own stages, placement and read-ahead. The mixed plans' places
+are dealt to plans of each source (whole batches of it, gathered over consecutive mixed plans, see ``_Split``),
+and every mixed batch is put together from its sources' batches in the plan's order.
 
 The sources' runners run side by side, each on a thread of its own (``_Ahead``, ``prefetch`` batches ahead):
 each pulls its own plans as far ahead as it reads (``_Split`` hands them out, reading the mixed plans as far as
 the furthest runner asks), so their work and their waits overlap instead of adding up. Each source
 runner makes every plan's batch from that plan alone (``SkipFill.PADDING``), so a source's k-th batch is its
-k-th plan's; a sample left out (``on_error="skip"``) leaves its place in the mixed batch invalid.
+k-th plan's; a sample left out (``on_error="skip"``) leaves its place in the mixed batch invalid. On the CPU
+the outputs are copied into place (a batch's bytes once more: about 8 ms for 64 float32 224x224 images).
 """
 from __future__ import annotations
 
