@@ -7,7 +7,7 @@ each pulls its own plans as far ahead as it reads (``_Split`` hands them out, re
 the furthest runner asks), so their work and their waits overlap instead of adding up. Each source
 runner makes every plan's batch from that plan alone (``SkipFill.PADDING``), so a source's k-th batch is its
 k-th plan's; a sample left out (``on_error="skip"``) leaves its place in the mixed batch invalid. On the CPU
-the outputs are copied into place (a batch's bytes once more: about 8 ms for 64 float32 224x224 images).
+the outputs are copied into place (a batch's bytes once more: 16 ms for 64 float32 224x224 images on 2 busy cores).
 """
 from __future__ import annotations
 
