@@ -171,3 +171,38 @@ def test_an_injected_hand_off_cost_is_in_the_prediction(image_dir, monkeypatch):
     assert "the hand-off 500 ms" in profile.table()
     assert profile.bottleneck["resource"] == "thread"
     assert next(p for p in profile.placements if p["current"])["bound_by"] == "thread"
+
+
+def test_a_stage_timed_a_hair_below_zero_costs_nothing_instead_of_failing(image_dir):
+    """Clocks read in pieces (a folded stage's share taken off another's, busy time beside thread time) can give
+    a stage -2.5e-6 s; the profile clamps it to 0 where it used to raise from StageCost's check."""
+    import numpy as np
+    import torch
+
+    from feedline.loader.placement import profiler
+    from feedline.loader.runners.contract import RunnerConfig, StageTimes
+    from feedline.loader.sampler import EpochSampler
+
+    spec = image.val(image_dir, size=32)
+    names = [s.name for s in spec.stages]
+
+    class Fake:
+        def profile(self, plans):
+            seconds = {name: 1e-3 for name in names}
+            seconds[names[1]] = -2.49e-06
+            return StageTimes(sum(p.indices.size for p in plans), seconds, {}, 100.0,
+                              blocked={names[0]: -1e-7})
+
+        def batches(self, plans):
+            for plan in plans:
+                yield {"index": torch.from_numpy(np.asarray(plan.indices))}, None
+
+        def close(self):
+            pass
+
+    config = RunnerConfig(cut=spec.all_cpu, device=torch.device("cpu"), batch_size=4)
+    made = profiler.profile(spec, config, lambda c: Fake(), lambda b, s: EpochSampler(40, b, shuffle=False, seed=s),
+                            gpu=False)
+    costs = {c.stage: c for c in made.costs}
+    assert costs[names[1]].cpu_s_per_sample == 0.0 and costs[names[0]].blocked_s_per_sample == 0.0
+    assert costs[names[2]].cpu_s_per_sample == pytest.approx(1e-3 / 4)

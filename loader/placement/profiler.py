@@ -72,14 +72,17 @@ def profile(spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, or
                                                            batch_size=batch_size, seed=0, num_threads=1,
                                                            prefetch=1), plans, batch_path=False)
         gpu_names = {s.name for s in spec.stages[cut:]}
-        gpu_seconds = {k: v / on_gpu.samples for k, v in on_gpu.seconds.items() if k in gpu_names}
+        gpu_seconds = {k: max(v, 0.0) / on_gpu.samples for k, v in on_gpu.seconds.items() if k in gpu_names}
         for group, seconds in on_gpu.together.items():
-            share = {name: cpu.seconds.get(name, 0.0) for name in group}
+            share = {name: max(cpu.seconds.get(name, 0.0), 0.0) for name in group}
             total = sum(share.values()) or 1.0
             gpu_seconds.update({name: seconds / on_gpu.samples * share[name] / total for name in group})
-    costs = tuple(StageCost(s.name, (cpu.seconds.get(s.name, 0.0) + cpu.blocked.get(s.name, 0.0)) / cpu.samples,
-                            gpu_seconds.get(s.name), cpu.bytes_out.get(s.name, 0.0),
-                            cpu.blocked.get(s.name, 0.0) / cpu.samples)
+    # Clocks read in pieces (a share of a folded stage's time taken off another's, busy time beside thread
+    # time) can leave a stage a hair below zero: nothing costs less than nothing.
+    ran = {s.name: max(cpu.seconds.get(s.name, 0.0), 0.0) for s in spec.stages}
+    blocked = {s.name: max(cpu.blocked.get(s.name, 0.0), 0.0) for s in spec.stages}
+    costs = tuple(StageCost(s.name, (ran[s.name] + blocked[s.name]) / cpu.samples, gpu_seconds.get(s.name),
+                            cpu.bytes_out.get(s.name, 0.0), blocked[s.name] / cpu.samples)
                   for s in spec.stages)
     h2d, latency = measure_h2d() if gpu else (DEFAULT_H2D_BYTES_PER_S, 0.0)
     batch_costs = batch_costs_of(costs, path, delivery_s=delivery_s, transfer_s=latency * path.tensors)
