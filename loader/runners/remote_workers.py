@@ -171,7 +171,7 @@ class Maker:
             from . import make_runner
 
             spec, config, cache_rows = ray.get(box[0])
-            source = open_source(spec.source, cache_rows=cache_rows)
+            source = open_source(spec.source, cache_rows=cache_rows, cache=config.cache)  # a table: converted as parsed
             runner = make_runner(spec, source, config)
             keep_threads = getattr(runner, "keep_threads", None)  # a table runner's, run once per group
             if callable(keep_threads):
