@@ -7,12 +7,12 @@ from __future__ import annotations
 import sys
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 import numpy as np
 
 from ... import ops
+from .single_flight import SingleFlight
 
 SPARE_BUFFERS = 4  # evicted chunks' buffers kept for reading the next chunks into
 
@@ -28,13 +28,6 @@ class PackedChunk(NamedTuple):
     any_bad: bool
 
 
-@dataclass
-class _Loading:
-    done: threading.Event = field(default_factory=threading.Event)
-    chunk: PackedChunk | None = None
-    error: BaseException | None = None
-
-
 class ChunkCache:
     """Chunks by number, ``chunk_rows[c]`` rows each, read by the ``load(c)`` each call is given (which caches
     nothing; given per call, so that the cache holds no reference back to its table). ``reads_into``: the
@@ -47,8 +40,8 @@ class ChunkCache:
         self._cache: OrderedDict[int, PackedChunk] = OrderedDict()
         self._retired: list[np.ndarray] = []  # buffers of evicted chunks, read into again once nobody holds them
         self._cached_rows = 0
-        self._loading: dict[int, _Loading] = {}
         self._lock = threading.Lock()
+        self._loading = SingleFlight(self._lock)
 
     def load_missing(self, chunks: list[int], load: Callable[[int], PackedChunk]) -> None:
         """Read, one at a time, the chunks of ``chunks`` that nobody has yet or is reading: threads reading the
@@ -67,33 +60,20 @@ class ChunkCache:
             if chunk is not None:
                 self._cache.move_to_end(c)
                 return chunk
-            loading = self._loading.get(c)
-            mine = loading is None
-            if mine:
-                loading = self._loading[c] = _Loading()
+            loading, mine = self._loading.claim(c)
         if not mine:
-            loading.done.wait()
-            if loading.error is not None:
-                raise loading.error
-            return loading.chunk
-        try:
-            loading.chunk = load(c)
-        except BaseException as exc:
-            loading.error = exc
-            raise
-        finally:
-            with self._lock:
-                del self._loading[c]
-                if loading.chunk is not None:
-                    self._cache[c] = loading.chunk
-                    self._cached_rows += int(self._chunk_rows[c])
-                    while self._cached_rows > self.limit_rows and len(self._cache) > 1:
-                        old, dropped = self._cache.popitem(last=False)
-                        self._cached_rows -= int(self._chunk_rows[old])
-                        if self._reads_into:
-                            self._retire(dropped.block.data)
-            loading.done.set()
-        return loading.chunk
+            return loading.wait()
+        return self._loading.run(c, loading, lambda: load(c), keep=lambda chunk: self._keep(c, chunk))
+
+    def _keep(self, c: int, chunk: PackedChunk) -> None:
+        """(Holding the lock.) Chunk ``c`` cached, the least lately used dropped past ``limit_rows`` rows."""
+        self._cache[c] = chunk
+        self._cached_rows += int(self._chunk_rows[c])
+        while self._cached_rows > self.limit_rows and len(self._cache) > 1:
+            old, dropped = self._cache.popitem(last=False)
+            self._cached_rows -= int(self._chunk_rows[old])
+            if self._reads_into:
+                self._retire(dropped.block.data)
 
     def __iter__(self):
         """The numbers of the chunks cached now, the least lately used first."""

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 import numpy as np
 
 from ... import ops
+from .single_flight import SingleFlight
 
 SPARE_BLOCKS = 4  # dropped blocks kept for preparing the next chunks into
 
@@ -32,12 +32,6 @@ class PreparedGather(NamedTuple):
     bad: np.ndarray
     charged: dict
     spent: float
-
-
-@dataclass
-class _Loading:
-    done: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
 
 
 class _Held(NamedTuple):
@@ -74,7 +68,7 @@ class PreparedRows:
         self._clock = 0
         self._held: dict[int, _Held] = {}
         self._held_rows = 0
-        self._loading: dict[int, _Loading] = {}
+        self._loading = SingleFlight(self._lock)
         self._spare: list[np.ndarray] = []
         self._local = threading.local()
         self._stages: list[str] = [read_stage]
@@ -138,28 +132,15 @@ class PreparedRows:
                 with self._lock:
                     if c in self._held:
                         continue
-                    loading = self._loading.get(c)
-                    mine = loading is None
-                    if mine:
-                        loading = self._loading[c] = _Loading()
+                    loading, mine = self._loading.claim(c)
                 if not mine:
                     waiting.append((c, loading))
                     continue
                 began = clock()
-                try:
-                    self._load(c, clock)
-                except BaseException as exc:
-                    loading.error = exc
-                    raise
-                finally:
-                    with self._lock:
-                        del self._loading[c]
-                    loading.done.set()
-                    spent += clock() - began
+                self._loading.run(c, loading, lambda: self._load(c, clock))
+                spent += clock() - began
             for c, loading in waiting:
-                loading.done.wait()
-                if loading.error is not None:
-                    raise loading.error
+                loading.wait()
             with self._lock:
                 pending = [c for c, _ in waiting if c not in self._held]  # (one whose preparer failed: again)
         return spent
@@ -172,15 +153,11 @@ class PreparedRows:
             with self._lock:
                 if c in self._held or c in self._loading:
                     continue
-                loading = self._loading[c] = _Loading()
+                loading, _ = self._loading.claim(c)
             try:
-                self._load(c, time.perf_counter)
+                self._loading.run(c, loading, lambda: self._load(c, time.perf_counter), share_error=False)
             except Exception:
                 pass
-            finally:
-                with self._lock:
-                    del self._loading[c]
-                loading.done.set()
 
     def _load(self, c: int, clock: Callable[[], float]) -> None:
         table = self.table

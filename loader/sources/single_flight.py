@@ -1,0 +1,65 @@
+"""Loads by key, each run by one thread at a time: the first thread to claim a key loads it, the others wait for
+that load and get its result or its error. Shared by the caches of sources (chunks, prepared rows), which
+keep what was loaded under the same lock that claims keys.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Hashable
+
+
+class Flight:
+    """One load under way."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.value: object = None
+        self.error: BaseException | None = None
+
+    def wait(self) -> object:
+        """The load's result once it has finished; its error raised here too."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class SingleFlight:
+    """The loads under way, claimed and finished under ``lock`` (the owner's, which guards its cache too)."""
+
+    def __init__(self, lock: threading.Lock):
+        self._lock = lock
+        self._flights: dict[Hashable, Flight] = {}
+
+    def __contains__(self, key: Hashable) -> bool:
+        """(Holding the lock.) Is ``key`` being loaded now?"""
+        return key in self._flights
+
+    def claim(self, key: Hashable) -> tuple[Flight, bool]:
+        """(Holding the lock.) The load of ``key`` under way, and whether it is the caller's (a new one: the caller
+        must ``run`` it) rather than another thread's (to ``wait`` for)."""
+        flight = self._flights.get(key)
+        if flight is not None:
+            return flight, False
+        flight = self._flights[key] = Flight()
+        return flight, True
+
+    def run(self, key: Hashable, flight: Flight, load: Callable[[], object], *,
+            keep: Callable[[object], None] | None = None, share_error: bool = True) -> object:
+        """(Not holding the lock.) ``load()`` for the claimed ``flight`` of ``key``; its result returned, or its
+        error raised, and either handed to those waiting. Once it has returned, ``keep(result)`` runs under the
+        lock, with the flight ended, before any waiter wakes. ``share_error=False``: a failure is the caller's
+        alone: those waiting find no error and no result (and look again)."""
+        try:
+            flight.value = load()
+        except BaseException as exc:
+            if share_error:
+                flight.error = exc
+            raise
+        finally:
+            with self._lock:
+                del self._flights[key]
+                if keep is not None and flight.value is not None:
+                    keep(flight.value)
+            flight.done.set()
+        return flight.value
