@@ -21,12 +21,13 @@ from ._arrays import array_module
 from ._checks import MAX_NUM_BUCKETS, MAX_SEED
 from ._cuda import launch
 from ._native import kernels
+from ._raw_plan import RawRowsPlan
 from .cross import cross
 from .hashing import hash_buckets
 
 
 @dataclass(frozen=True, eq=False)
-class HashPlan:
+class HashPlan(RawRowsPlan):
     """Keys to hash (validated by :func:`hash_plan`): ``sources`` int64 [K, width] (width 1 or 2),
     ``num_buckets`` int64 [K], ``seeds`` uint32 [K], ``targets`` int64 [K] (distinct output rows)."""
 
@@ -41,11 +42,6 @@ class HashPlan:
         return self.sources.shape[1]
 
     @functools.cached_property
-    def reads(self) -> int:
-        """Raw rows the plan needs (one more than the largest it reads)."""
-        return int(self.sources.max()) + 1 if self.sources.size else 0
-
-    @functools.cached_property
     def writes(self) -> int:
         """Output rows the plan needs."""
         return int(self.targets.max()) + 1 if self.targets.size else 0
@@ -55,11 +51,7 @@ class HashPlan:
 
     def on_device(self, cupy) -> tuple:
         """(sources, seeds, num_buckets as uint32, targets) on the current device, copied there once."""
-        device = cupy.cuda.Device().id
-        if device not in self._device:
-            self._device[device] = tuple(cupy.asarray(a) for a in (
-                self.sources, self.seeds, self.num_buckets.astype(np.uint32), self.targets))
-        return self._device[device]
+        return self._copied(cupy, lambda: (self.sources, self.seeds, self.num_buckets.astype(np.uint32), self.targets))
 
 
 def _int_array(name: str, values, low: int, high: int, dtype) -> np.ndarray:
@@ -98,10 +90,7 @@ def hash_columns(raw, plan: HashPlan, out=None):
     if not isinstance(plan, HashPlan):
         raise TypeError(f"plan must be a HashPlan (from hash_plan), got {type(plan).__name__}")
     xp = array_module(raw=raw) if out is None else array_module(raw=raw, out=out)
-    if raw.dtype != np.int64 or raw.ndim != 2:
-        raise TypeError(f"raw must be a 2-D int64 array, got {raw.dtype} with shape {raw.shape}")
-    if plan.reads > raw.shape[0]:
-        raise ValueError(f"plan reads raw row {plan.reads - 1}, but raw has {raw.shape[0]} rows")
+    plan.check_raw(raw, np.int64)
     rows = plan.writes
     if out is None:
         out = xp.empty((rows, raw.shape[1]), dtype=np.int64)

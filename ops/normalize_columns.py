@@ -7,7 +7,6 @@ missing), on the GPU as one CUDA kernel.
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -17,11 +16,12 @@ import numpy as np
 from ._arrays import array_module
 from ._cuda import launch
 from ._native import kernels
+from ._raw_plan import RawRowsPlan
 from .normalize_values import _float32_arg, normalize_dense
 
 
 @dataclass(frozen=True, eq=False)
-class DensePlan:
+class DensePlan(RawRowsPlan):
     """Columns to normalise (validated by :func:`dense_plan`): ``sources`` int64 [J], ``fill`` float32 [J],
     ``clip_min`` float32 [J] (-inf where there is no clipping), ``clip`` bool [J], ``log`` bool [J]."""
 
@@ -35,19 +35,11 @@ class DensePlan:
     def __len__(self) -> int:
         return self.sources.shape[0]
 
-    @functools.cached_property
-    def reads(self) -> int:
-        """Raw rows the plan needs (one more than the largest it reads)."""
-        return int(self.sources.max()) + 1 if self.sources.size else 0
-
     def on_device(self, cupy) -> tuple:
         """(sources, fill, clip_min, flags) on the current device, copied there once; flags int32: bit 0 clip,
         bit 1 log1p."""
-        device = cupy.cuda.Device().id
-        if device not in self._device:
-            flags = self.clip.astype(np.int32) | (self.log.astype(np.int32) << 1)
-            self._device[device] = tuple(cupy.asarray(a) for a in (self.sources, self.fill, self.clip_min, flags))
-        return self._device[device]
+        return self._copied(cupy, lambda: (self.sources, self.fill, self.clip_min,
+                                           self.clip.astype(np.int32) | (self.log.astype(np.int32) << 1)))
 
 
 def dense_plan(sources, fill: Sequence[float], clip_min: Sequence[float | None], log: Sequence[bool]) -> DensePlan:
@@ -81,10 +73,7 @@ def normalize_columns(raw, plan: DensePlan, out=None):
     if not isinstance(plan, DensePlan):
         raise TypeError(f"plan must be a DensePlan (from dense_plan), got {type(plan).__name__}")
     xp = array_module(raw=raw) if out is None else array_module(raw=raw, out=out)
-    if raw.dtype != np.float32 or raw.ndim != 2:
-        raise TypeError(f"raw must be a 2-D float32 array, got {raw.dtype} with shape {raw.shape}")
-    if plan.reads > raw.shape[0]:
-        raise ValueError(f"plan reads raw row {plan.reads - 1}, but raw has {raw.shape[0]} rows")
+    plan.check_raw(raw, np.float32)
     shape = (raw.shape[1], len(plan))
     if out is None:
         out = xp.empty(shape, dtype=np.float32)
