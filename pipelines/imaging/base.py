@@ -76,5 +76,14 @@ def fixed_size(stage: str, image: ImageType, what: str) -> tuple[int, int]:
     return image.size
 
 
+def window_feeds(params: Params) -> Feeds:
+    """The DALI feeds of a crop to ``params['window']`` (where there is one): its anchor (x, y) and shape (w, h),
+    as a cropping stage and the region-of-interest decoder that takes its crop over both slice them."""
+    if "window" not in params:
+        return {}
+    window = params["window"]
+    return {"anchor": (window[:, :2].copy(), "INT32", 1), "shape": (window[:, 2:].copy(), "INT32", 1)}
+
+
 def per_sample(params: Params, i: int) -> dict[str, Any]:
     return {k: v[i] for k, v in params.items()}

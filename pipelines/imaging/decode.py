@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..validate import flag
-from .base import ImageStage
+from .base import ImageStage, window_feeds
 from .checks import name as check_name
 from .types import DECODED, ImageType
 
@@ -51,10 +51,7 @@ class Decode(ImageStage):
         return node
 
     def dali_feeds(self, params) -> dict:
-        if "window" not in params:
-            return {}
-        window = params["window"]
-        return {"anchor": (window[:, :2].copy(), "INT32", 1), "shape": (window[:, 2:].copy(), "INT32", 1)}
+        return window_feeds(params)
 
     def describe(self) -> str:
         return "decode the crop window only" if self.roi else "decode"

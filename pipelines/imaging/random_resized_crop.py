@@ -7,7 +7,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .. import geometry
-from .base import ImageStage
+from .base import ImageStage, window_feeds
 from .checks import name as check_name
 from .checks import number_range, size_pair
 from .crop import crop
@@ -64,10 +64,7 @@ class RandomResizedCrop(ImageStage):
                          interp_type=types.INTERP_LINEAR, antialias=True)
 
     def dali_feeds(self, params) -> dict:
-        if "window" not in params:
-            return {}
-        window = params["window"]
-        return {"anchor": (window[:, :2].copy(), "INT32", 1), "shape": (window[:, 2:].copy(), "INT32", 1)}
+        return window_feeds(params)
 
     def describe(self) -> str:
         return f"random window (scale {self.scale}, ratio {tuple(round(r, 3) for r in self.ratio)}) to " \
