@@ -8,7 +8,6 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ..pipelines.mix import MixSpec
 from ..pipelines.spec import PipelineSpec
 from ..pipelines.validate import int_at_least
 from .background import BackgroundStream
@@ -21,21 +20,17 @@ from .errors import OnError, Skipped
 from .guards import Iterations, ProcessGuard
 from .mix_order import MixOrder
 from .loader_arguments import batch_pixels, cache_of, on_error_of, shuffle_buffer_rows, work_counts
+from .opened_pipeline import OpenedPipeline
 from .placement.controller import PlacementController
-from .runners import Runner, RunnerConfig, make_runner
-from .runners.image_cache import ImageCaches
-from .runners.mix_runner import MixRunner
-from .runners.remote import RayWorkers, RemoteRunner
+from .runners import Runner, RunnerConfig
+from .runners.remote import RayWorkers
 from .remainder import plain, resizes
 from .resume import checked, resumed
-from .sampler import STATE_VERSION, EpochSampler, LastBatch, parse_last_batch
+from .sampler import STATE_VERSION, LastBatch, parse_last_batch
 from .saved_state import configuration
 from .skip_log import SkipLog
-from .sources import ChunkedTable, open_source
-from .sources.mixed import MixedSources
 from .sources.image_headers import DEFAULT_MAX_PIXELS
 from .stats import DeliveryMeter
-from .stream_order import StreamOrder
 
 log = logging.getLogger("feedline")
 
@@ -72,21 +67,22 @@ class Loader:
         self.pipeline = pipeline
         self.on_error = on_error_of(pipeline, on_error)
         self.cache = cache_of(pipeline, cache)  # what may be cached (``cache_policy``); the runner decides
-        self._caches = ImageCaches(self.cache)  # the image stores, kept across the runners it replaces
         self.placer = PlacementController(pipeline, placement, remote=remote,
                                           device=None if device is None else parse_device(device))
         self.shuffle_buffer = shuffle_buffer_rows(pipeline, shuffle_buffer)
         # Every sample left out, whoever met it: this Loader's runners, its table source, its remote workers.
         self.skips = SkipLog()
-        self.source = self._open_source(pipeline)
-        self.sampler = self._order(batch_size, seed, shuffle=pipeline.default_shuffle if shuffle is None else shuffle,
-                                   rank=rank, world_size=world_size, last_batch=parse_last_batch(last_batch))
+        self._opened = OpenedPipeline(pipeline, cache=self.cache, shuffle_buffer=self.shuffle_buffer, skips=self.skips)
+        self.source = self._opened.source
+        self.sampler = self._opened.order(batch_size, seed, rank=rank, world_size=world_size,
+                                          shuffle=pipeline.default_shuffle if shuffle is None else shuffle,
+                                          last_batch=parse_last_batch(last_batch))
         self.placer.attach(RunnerConfig(self.placer.cut, self.placer.device, self.sampler.batch_size,
                                         self.sampler.seed, num_threads, prefetch, self.on_error, max_pixels,
                                         max_batch_pixels=max_batch_pixels, cache=self.cache),
-                           runners=self._local_runner, orders=self._probe_order, group_rows=self.shuffle_buffer,
-                           follow=self._follow)
-        self._runner: Runner = self._runner_for(self.config)
+                           runners=self._opened.local_runner, orders=self._opened.probe_order,
+                           group_rows=self.shuffle_buffer, follow=self._follow)
+        self._runner: Runner = self._opened.runner(self.config, self.placer.remote_workers)
         self.cursor = Cursor()
         self.epoch_summaries: dict[int, dict[str, int]] = {}
         self.meter = DeliveryMeter()  # what the trainer got and waited for over its last batches (``stats``)
@@ -95,46 +91,9 @@ class Loader:
         self._iterations = Iterations()
         self._process = ProcessGuard()
 
-    def _open_source(self, pipeline: PipelineSpec):
-        """The pipeline's source opened once (a mix: each of its sources), shared by every runner."""
-        def open_one(declared):
-            return open_source(declared, cache_rows=2 * (self.shuffle_buffer or 0), skips=self.skips,
-                               cache=self.cache)
-        return MixedSources(pipeline, open_one) if isinstance(pipeline, MixSpec) else open_one(pipeline.source)
-
-    def _local_runner(self, config: RunnerConfig) -> Runner:
-        """A runner of its own skips (images): for probing placements, and a remote runner's local side."""
-        if isinstance(self.source, MixedSources):
-            return MixRunner(self.pipeline, self.source, config, make_runner)
-        return make_runner(self.pipeline, self.source, config)
-
-    def _runner_for(self, config: RunnerConfig) -> Runner:
-        """The runner that makes the trainer's batches, listing what it leaves out in this Loader's log."""
-        if isinstance(self.source, MixedSources):
-            if self.placer.remote_workers is not None:
-                raise ValueError("remote workers do not run a mix yet: give the Loader remote=None, or run each "
-                                 "source's Loader with remote workers")
-            return MixRunner(self.pipeline, self.source, config,
-                             lambda spec, source, cfg: make_runner(spec, source, cfg, skips=self.skips))
-        if self.placer.remote_workers is not None:
-            return RemoteRunner(self.pipeline, self.source, config, self.placer.remote_workers, self._local_runner,
-                                group_rows=self.shuffle_buffer, skips=self.skips)
-        return make_runner(self.pipeline, self.source, config, skips=self.skips, caches=self._caches)
-
-    def _order(self, batch_size: int, seed: int, **kwargs):
-        """The order of this Loader's source: an exact permutation of samples, or, for a streamed table,
-        chunks and a shuffle buffer (``stream_order``)."""
-        if isinstance(self.source, MixedSources):
-            return MixOrder(self.pipeline, self.source, batch_size, seed=seed, buffer_rows=self.shuffle_buffer,
-                            **kwargs)
-        if isinstance(self.source, ChunkedTable):
-            return StreamOrder(self.source.chunk_rows, self.source.chunk_groups, batch_size, seed=seed,
-                               buffer_rows=self.shuffle_buffer, **kwargs)
-        return EpochSampler(len(self.source), batch_size, seed=seed, **kwargs)
-
-    def _probe_order(self, batch_size: int, seed: int):
-        """A one-rank shuffled order for profiling and probing placements, apart from the trainer's epochs."""
-        return self._order(min(batch_size, len(self.source)), seed, shuffle=True)
+    # the runners and orders apart from the trainer's, as ``profile`` asks for them
+    _local_runner = property(lambda self: self._opened.local_runner)
+    _probe_order = property(lambda self: self._opened.probe_order)
 
     # ---- what it is now (placement: ``placer``'s) --------------------------------------------------
     batch_size = property(lambda self: self.sampler.batch_size)
@@ -189,8 +148,7 @@ class Loader:
         """The current placement decision: with ``placement="auto"``, the scheduler's, the measurements behind
         it and the history of changes; otherwise the fixed placement. ``cache``: whether the pipeline's
         deterministic prefix is cached, why, and the figures (``cache_policy.decide``)."""
-        table = getattr(getattr(self.source, "reader", None), "cache_decision", None)  # a text table's
-        return {**self.placer.report(), "cache": self._caches.report() if table is None else table.as_dict()}
+        return {**self.placer.report(), "cache": self._opened.cache_report()}
 
     @property
     def skipped(self) -> list[Skipped]:
@@ -279,7 +237,7 @@ class Loader:
         batch, so nothing made but not delivered is lost or repeated."""
         self._close_stream()
         self._runner.close()
-        self._runner = self._runner_for(config)
+        self._runner = self._opened.runner(config, self.placer.remote_workers)
         self._open_stream()
 
     def state_dict(self) -> dict[str, Any]:
