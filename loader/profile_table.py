@@ -3,19 +3,14 @@ from __future__ import annotations
 
 import math
 
+from .placement.units import format_bytes
+
 
 def number(value) -> str:
     """Whole numbers with thousands separators from 1,000, three significant digits below; '-' for none."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
-
-
-def _bytes(n: float) -> str:
-    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
 
 
 def _columns(rows: list[tuple[str, ...]], numeric: set[int]) -> list[str]:
@@ -36,7 +31,7 @@ def format_profile(p) -> str:
     for s in p.stages:
         ms = s["ms_per_sample"]
         rows.append((s["stage"], s["backend"], number(1000 * ms), number(ms * p.batch_size), f"{s['share']:.0%}",
-                     _bytes(s["bytes_out_per_sample"]) if s["backend"] != "pcie" else ""))
+                     format_bytes(s["bytes_out_per_sample"]) if s["backend"] != "pcie" else ""))
     lines += _columns(rows, {2, 3, 4})
     c = p.batch_costs
     if c:
