@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from .placement.units import format_bytes
+from .placement.units import format_bytes, text_columns
 
 
 def number(value) -> str:
@@ -11,14 +11,6 @@ def number(value) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
-
-
-def _columns(rows: list[tuple[str, ...]], numeric: set[int]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-             for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return lines
 
 
 def format_profile(p) -> str:
@@ -32,7 +24,7 @@ def format_profile(p) -> str:
         ms = s["ms_per_sample"]
         rows.append((s["stage"], s["backend"], number(1000 * ms), number(ms * p.batch_size), f"{s['share']:.0%}",
                      format_bytes(s["bytes_out_per_sample"]) if s["backend"] != "pcie" else ""))
-    lines += _columns(rows, {2, 3, 4})
+    lines += text_columns(rows, {2, 3, 4})
     c = p.batch_costs
     if c:
         lines += ["", f"per batch   forming {number(c['forming_ms'])} ms of cores beyond the stages, the batch thread "
@@ -49,7 +41,7 @@ def format_profile(p) -> str:
         else:
             rows.append((name, str(r["threads"]), number(r["predicted_samples_per_s"]),
                          number(r["measured_samples_per_s"]), r["bound_by"]))
-    lines += _columns(rows, {1, 3})
+    lines += text_columns(rows, {1, 3})
     m = p.measured
     lines += ["", f"capacity    {number(m['capacity_samples_per_s'])} samples/s measured with no trainer "
                   f"({m['batches']} batches), {number(m['predicted_samples_per_s'])} predicted"]

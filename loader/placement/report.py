@@ -9,7 +9,7 @@ from ...pipelines.stage import Backend
 from ..runners import image_graph
 from .decision import PlacementDecision
 from .measurements import Measurements
-from .units import format_bytes, format_ms
+from .units import format_bytes, format_ms, text_columns
 
 COLUMNS = ("stage", "CPU ms/batch", "GPU ms/batch", "bytes out/sample", "backend", "reason")
 
@@ -86,13 +86,7 @@ def format_plan(data: dict) -> str:
     rows = [COLUMNS] + [(s["stage"], ms(s["cpu_ms_per_batch"], False), ms(s["gpu_ms_per_batch"], True),
                          format_bytes(s["bytes_out_per_sample"]), s["backend"], s["reason"])
                         for s in data["stages"]]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
-    numeric = {1, 2, 3}
-    lines = []
-    for row in rows:
-        cells = [cell.rjust(w) if i in numeric else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
-        lines.append("  ".join(cells + [row[-1]]).rstrip())
-    lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * len(COLUMNS[-1]))
+    lines = text_columns(rows, {1, 2, 3}, free_last=True)
 
     predicted = data["predicted_samples_per_s"]
     threads = f"{data['threads']} CPU thread{'s' if data['threads'] > 1 else ''}"
