@@ -1,7 +1,6 @@
 """The Loader a trainer iterates: epochs of batches as dicts of torch tensors on the requested device."""
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator
@@ -10,11 +9,10 @@ import torch
 
 from ..pipelines.spec import PipelineSpec
 from ..pipelines.validate import int_at_least
-from .background import BackgroundStream
 from .cache_policy import CacheSettings
 from .cursor import Cursor
 from .dataloader_habits import default_rank_world, refuse
-from .delivery import Delivered
+from .epoch_stream import EpochStream
 from .devices import parse_device
 from .errors import OnError, Skipped
 from .guards import Iterations, ProcessGuard
@@ -86,8 +84,7 @@ class Loader:
         self.cursor = Cursor()
         self.epoch_summaries: dict[int, dict[str, int]] = {}
         self.meter = DeliveryMeter()  # what the trainer got and waited for over its last batches (``stats``)
-        self._stream: BackgroundStream | None = None
-        self._stream_at: tuple[int, int] | None = None  # (epoch, sample) of the next batch the stream makes
+        self._stream = EpochStream()
         self._iterations = Iterations()
         self._process = ProcessGuard()
 
@@ -108,7 +105,7 @@ class Loader:
     fallbacks = property(lambda self: self.placer.fallbacks, doc="GPU failures that moved placement to the CPU.")
     epoch = property(lambda self: self.cursor.epoch)
     runner = property(lambda self: self._runner, doc="The runner making batches now (tests, diagnostics).")
-    background = property(lambda self: self._stream, doc="The batch thread while one runs, else None.")
+    background = property(lambda self: self._stream.thread, doc="The batch thread while one runs, else None.")
 
     @property
     def dataset(self):
@@ -137,8 +134,8 @@ class Loader:
             raise ValueError(f"set_weights: the rest of epoch {epoch} was dealt to this job's ranks after a resume on "
                              f"another number of ranks, in the places the earlier job drew; new weights can start "
                              f"with the next epoch (call set_weights after this epoch's last batch)")
-        running = self._stream is not None
-        self._close_stream()
+        running = self._stream.thread is not None
+        self._stream.close()
         order.set_weights(weights, epoch, place)
         if running:
             self._open_stream()
@@ -161,34 +158,16 @@ class Loader:
         self.cursor.go_to(int_at_least("epoch", epoch, 0), pinned=True)
         if self.sampler is not plain(self.sampler):  # (its batches made ahead are the rest's)
             self.sampler = plain(self.sampler)
-            self._close_stream()
+            self._stream.close()
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (with ``on_error="skip"``, skips can make an epoch shorter)."""
         return len(self.sampler)
 
     def _open_stream(self) -> None:
-        """Batches from the cursor on, made on the loader's own thread and running on into the epochs after
-        it, so the next epoch's first batches are in flight while this epoch's last ones are consumed."""
-        self._close_stream()
-        epoch, start = self.cursor.next_sample
-        done = 0 if self.cursor.complete else self.cursor.batches  # batches of ``epoch`` already delivered
-        sampler = self.sampler  # the thread holds the sampler and the runner, never the Loader
-        plans = (plan for e in itertools.count(epoch)
-                 for plan in sampler.epoch(e, start_sample=start if e == epoch else 0,
-                                           first_batch=done if e == epoch else 0))
-        where = f"making {self.pipeline.name!r} batches from sample {start} of epoch {epoch} on " \
-                f"(placement {self.pipeline.describe_cut(self.cut)})"
-        batches = self._runner.batches
-        self._stream = BackgroundStream(lambda: Delivered(batches(plans)), self.prefetch,
-                                        cuda=self.device if self.device.type == "cuda" else None,
-                                        describe=lambda: where)
-        self._stream_at = (epoch, start)
-
-    def _close_stream(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-        self._stream, self._stream_at = None, None
+        """Batches from the cursor on, made on the loader's own thread and running on into the epochs after it."""
+        self._stream.open(self.sampler, self._runner.batches, self.cursor, prefetch=self.prefetch, device=self.device,
+                          making=f"{self.pipeline.name!r} batches", placement=self.pipeline.describe_cut(self.cut))
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         self._process.check()
@@ -196,14 +175,14 @@ class Loader:
         self._process.started()
         self.cursor.begin()
         self.placer.begin()
-        if self._stream is None or self._stream_at != self.cursor.next_sample:
+        if not self._stream.stands_at(self.cursor.next_sample):
             self._open_stream()
         epoch, samples, padding, skipped = self.cursor.epoch, 0, 0, 0
         while not self.cursor.complete:
             batch, info, valid = self._next()
             skipped += info.skipped
             self.cursor.advance(info, delivered=batch is not None)
-            self._stream_at = self.cursor.next_sample
+            self._stream.at = self.cursor.next_sample
             if batch is not None:
                 samples += valid
                 padding += len(batch["index"]) - valid
@@ -223,19 +202,19 @@ class Loader:
         while True:
             try:
                 with self.meter.waiting(), self.placer.waiting():
-                    return next(self._stream)
+                    return self._stream.next()
             except Exception as exc:
                 if not self.placer.fall_back(exc):
-                    self._close_stream()
+                    self._stream.close()
                     raise
             except BaseException:
-                self._close_stream()
+                self._stream.close()
                 raise
 
     def _follow(self, config: RunnerConfig) -> None:
         """Run from now on with the controller's new ``config``: the next stream starts after the last delivered
         batch, so nothing made but not delivered is lost or repeated."""
-        self._close_stream()
+        self._stream.close()
         self._runner.close()
         self._runner = self._opened.runner(config, self.placer.remote_workers)
         self._open_stream()
@@ -261,7 +240,7 @@ class Loader:
         resume = resumed(states, order)
         self.cursor.load(resume.position, resume.order.shard_size)
         self.sampler = resume.order
-        self._close_stream()
+        self._stream.close()
         self.skips.load(resume.skipped)
 
     def profile(self, batches: int = 40, *, trainer_step_ms: float | str | None = None,
@@ -278,9 +257,9 @@ class Loader:
 
     def close(self) -> None:
         if self._process.forked:  # the thread and pipelines are the parent's: let go, never join or free them
-            self._stream = None
+            self._stream.let_go()
             return
-        self._close_stream()
+        self._stream.close()
         self._runner.close()
 
     def __enter__(self) -> "Loader":
@@ -291,7 +270,7 @@ class Loader:
 
     def __del__(self):
         try:
-            if self._stream is not None and not self._process.forked:
+            if not self._process.forked:
                 self._stream.close(wait=False)  # see BackgroundStream.close
         except Exception:
             pass

@@ -5,7 +5,7 @@ import dataclasses
 import torch
 
 from feedline.loader import Loader
-from feedline.loader import loader as loader_module
+from feedline.loader import epoch_stream, opened_pipeline
 from feedline.loader.background import BackgroundStream
 from feedline.loader.devices import gpu_available
 from feedline.loader.placement import auto as auto_module
@@ -112,7 +112,7 @@ def test_a_replan_that_moves_the_cut_mid_epoch_delivers_the_cpu_batches(image_di
     # A machine with a GPU: the Loader delivers on it and the scheduler weighs every cut.
     monkeypatch.setattr(controller_module, "gpu_available", lambda: True)
     # ... whose GPU is the CPU: no CUDA stream to make batches on, GPU-placed torch stages run on the CPU.
-    monkeypatch.setattr(loader_module, "BackgroundStream",
+    monkeypatch.setattr(epoch_stream, "BackgroundStream",
                         lambda make, depth, *, cuda=None, describe: BackgroundStream(make, depth, describe=describe))
     cpu = torch.device("cpu")
     built = []
@@ -124,7 +124,7 @@ def test_a_replan_that_moves_the_cut_mid_epoch_delivers_the_cpu_batches(image_di
         real = ImageRunner(pipeline, source, dataclasses.replace(config, device=cpu), gpu=cpu, skips=skips)
         return TaggedRunner(real, config.cut)
 
-    monkeypatch.setattr(loader_module, "make_runner", make_runner)
+    monkeypatch.setattr(opened_pipeline, "make_runner", make_runner)
     costs = tuple(StageCost(s.name, *COSTS[s.name]) for s in spec.stages)
     monkeypatch.setattr(auto_module, "profile", lambda *args, **kwargs: Profile(costs, 100.0, 12e9, 12, 0.01))
 

@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from feedline.loader import Loader, loader as loader_module
+from feedline.loader import Loader, epoch_stream, opened_pipeline
 from feedline.loader.background import BackgroundStream
 from feedline.loader.placement import controller as controller_module
 from feedline.loader.devices import is_gpu_failure
@@ -37,7 +37,7 @@ def as_if_on_a_gpu(monkeypatch) -> torch.device:
     """A machine whose placement controller sees a GPU, with no CUDA stream to make batches on here: the
     stand-in runners make the GPU placement's batches on the CPU (returned)."""
     monkeypatch.setattr(controller_module, "gpu_available", lambda: True)
-    monkeypatch.setattr(loader_module, "BackgroundStream",
+    monkeypatch.setattr(epoch_stream, "BackgroundStream",
                         lambda make, depth, *, cuda=None, describe: BackgroundStream(make, depth, describe=describe))
     return torch.device("cpu")
 
@@ -50,7 +50,7 @@ def as_if_on_a_gpu(monkeypatch) -> torch.device:
 def test_gpu_failure_falls_back_to_cpu_without_losing_a_batch(image_dir, monkeypatch, error):
     spec = image.train(image_dir, size=32, output="uint8")
     cpu = as_if_on_a_gpu(monkeypatch)
-    make = loader_module.make_runner
+    make = opened_pipeline.make_runner
 
     def make_runner(pipeline, source, config, **kwargs):
         if config.cut == spec.all_cpu:
@@ -58,7 +58,7 @@ def test_gpu_failure_falls_back_to_cpu_without_losing_a_batch(image_dir, monkeyp
         real = make(pipeline, source, dataclasses.replace(config, cut=spec.all_cpu, device=cpu), **kwargs)
         return FailingGpuRunner(real, good=2, error=error)
 
-    monkeypatch.setattr(loader_module, "make_runner", make_runner)
+    monkeypatch.setattr(opened_pipeline, "make_runner", make_runner)
     loader = Loader(spec, batch_size=5, placement="gpu", seed=1)
     assert loader.cut == 1 and loader.device.type == "cuda"
     with warnings.catch_warnings(record=True) as caught:
@@ -161,13 +161,13 @@ def test_the_loader_falls_back_when_dali_fails_on_the_gpu(image_dir, monkeypatch
     mid-epoch; it moves to the CPU and delivers every sample exactly once, in the CPU placement's order."""
     spec = image.train(image_dir, size=32, output="uint8")
     cpu = as_if_on_a_gpu(monkeypatch)
-    make = loader_module.make_runner
+    make = opened_pipeline.make_runner
 
     def make_runner(pipeline, source, config, **kwargs):
         runner = make(pipeline, source, dataclasses.replace(config, cut=spec.all_cpu, device=cpu), **kwargs)
         return runner if config.cut == spec.all_cpu else failing_at_dali(runner, message, 2, at_build)
 
-    monkeypatch.setattr(loader_module, "make_runner", make_runner)
+    monkeypatch.setattr(opened_pipeline, "make_runner", make_runner)
     loader = Loader(spec, batch_size=5, placement="gpu", seed=1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -11,7 +11,7 @@ import torch
 
 from conftest import write_images
 from feedline.loader import Loader
-from feedline.loader import loader as loader_module
+from feedline.loader import epoch_stream, opened_pipeline
 from feedline.loader.background import BackgroundStream
 from feedline.loader.errors import DataError, Skipped
 from feedline.loader.placement import controller as controller_module
@@ -71,16 +71,16 @@ def on_an_emulated_gpu(monkeypatch, spec):
     the CPU placement here (as in test_gpu_fallback), so that the controller can move the Loader off the GPU."""
     cpu = torch.device("cpu")
     monkeypatch.setattr(controller_module, "gpu_available", lambda: True)
-    monkeypatch.setattr(loader_module, "BackgroundStream",
+    monkeypatch.setattr(epoch_stream, "BackgroundStream",
                         lambda make, depth, *, cuda=None, describe: BackgroundStream(make, depth, describe=describe))
-    make = loader_module.make_runner
+    make = opened_pipeline.make_runner
     made = []
 
     def make_runner(pipeline, source, config, **kwargs):
         made.append(config.cut)
         return make(pipeline, source, dataclasses.replace(config, cut=spec.all_cpu, device=cpu), **kwargs)
 
-    monkeypatch.setattr(loader_module, "make_runner", make_runner)
+    monkeypatch.setattr(opened_pipeline, "make_runner", make_runner)
     return made
 
 
