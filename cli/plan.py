@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from .arguments import add_remote_workers, existing_path, json_path, positive_int
-from .specs import PIPELINES, pipeline_spec
+from .specs import PIPELINES, batch_size_of, device_for, pipeline_spec
 from .tables import format_value
 
 
@@ -34,15 +34,14 @@ def run(parser: argparse.ArgumentParser, args) -> dict:
     import torch
     from tqdm import tqdm
 
-    from ..loader.devices import gpu_available
     from ..loader.epochs import endless, measure_loader
     from ..loader.loader import Loader
     from ..loader.placement.report import format_plan
 
     spec = pipeline_spec(args.pipeline, args.data, args.output)
-    batch_size = args.batch_size or (8192 if args.pipeline == "criteo" else 64)
+    batch_size = batch_size_of(args.pipeline, args.batch_size)
     batches = args.batches or 10
-    device = "cuda" if args.placement != "cpu" and gpu_available() else "cpu"
+    device = device_for(args.placement)
     remote = None
     if args.remote_workers is not None:
         from ..loader.runners.remote import RayWorkers

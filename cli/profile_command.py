@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from .arguments import existing_path, positive_int, trainer_step
-from .specs import PIPELINES, pipeline_spec
+from .specs import PIPELINES, batch_size_of, device_for, pipeline_spec
 
 
 def out_folder(text: str) -> str:
@@ -40,14 +40,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(parser: argparse.ArgumentParser, args) -> dict:
     """Profiles, prints the table and writes the files; returns the profile (as JSON data)."""
-    from ..loader.devices import gpu_available
     from ..loader.loader import Loader
     from ..loader.profile import profile_loader
     from ..loader.profile_plot import PLOT_EXTRA
 
     spec = pipeline_spec(args.pipeline, args.data, args.output)
-    batch_size = args.batch_size or (8192 if args.pipeline == "criteo" else 64)
-    device = "cuda" if args.placement != "cpu" and gpu_available() else "cpu"
+    batch_size = batch_size_of(args.pipeline, args.batch_size)
+    device = device_for(args.placement)
     out = Path(args.out)
     with Loader(spec, batch_size, placement=args.placement, device=device, last_batch="drop") as loader:
         out.mkdir(exist_ok=True)  # once the arguments made a Loader: a refused run leaves no folder behind
