@@ -18,13 +18,13 @@ from .errors import OnError, Skipped
 from .guards import Iterations, ProcessGuard
 from .mix_order import MixOrder
 from .loader_arguments import batch_pixels, cache_of, on_error_of, shuffle_buffer_rows, work_counts
+from .loader_state import composed, resume_from
 from .opened_pipeline import OpenedPipeline
 from .placement.controller import PlacementController
 from .runners import Runner, RunnerConfig
 from .runners.remote import RayWorkers
-from .remainder import plain, resizes
-from .resume import checked, resumed
-from .sampler import STATE_VERSION, LastBatch, parse_last_batch
+from .remainder import plain
+from .sampler import LastBatch, parse_last_batch
 from .saved_state import configuration
 from .skip_log import SkipLog
 from .sources.image_headers import DEFAULT_MAX_PIXELS
@@ -223,21 +223,15 @@ class Loader:
         """Where the loader stands: loading it into a Loader of the same configuration resumes at the next batch.
         Safe to call from another thread while the trainer iterates (it sees the position before or after a
         batch, never halfway)."""
-        position, order = self.cursor.state(), plain(self.sampler)
-        return {"version": STATE_VERSION, **position, "resizes": resizes(self.sampler, position["epoch"]),
-                "skipped": [[k.where, k.reason, k.index, k.epoch] for k in self.skipped],
-                "config": configuration(self.sampler, self.pipeline.name, self.on_error.value, self.shuffle_buffer),
-                **({"mix": order.state()} if isinstance(order, MixOrder) else {})}
+        order = self.sampler
+        config = configuration(order, self.pipeline.name, self.on_error.value, self.shuffle_buffer)
+        return composed(self.cursor, order, self.skips, config)  # (``loader_state``)
 
     def load_state_dict(self, state: Mapping[str, Any] | list[Mapping[str, Any]]) -> None:
         """Resume where ``state`` stands: the state this rank saved, or the list of the states of every rank of a
         job (``torch.distributed.all_gather_object``), which may have had another number of ranks: then this job's
         ranks share the rest of that epoch, every sample once (``feedline.loader.resume``)."""
-        order = plain(self.sampler)
-        states = checked(state, order, self.state_dict()["config"])
-        if isinstance(order, MixOrder):  # (first: an epoch's length can follow its weights)
-            order.load(states[0].get("mix", {}))
-        resume = resumed(states, order)
+        resume = resume_from(state, self.sampler, self.state_dict()["config"])
         self.cursor.load(resume.position, resume.order.shard_size)
         self.sampler = resume.order
         self._stream.close()
