@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import os
 import queue
-import select
 import threading
 import time
 import warnings
@@ -28,42 +27,14 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from .wake_pipe import WakePipe
+
 THREAD_NAME = "feedline-batches"
 _POLL_S = 0.1
 _JOIN_S = 30.0
 _live: "weakref.WeakSet[BackgroundStream]" = weakref.WeakSet()
 
 _ITEM, _END, _ERROR = "item", "end", "error"
-
-
-class _Pipe:
-    """A wake-up through a pipe: ``ring`` and ``wait`` are system calls made without the GIL (a ``Condition``
-    wakes the waiting thread from inside a call that holds it: on a virtual machine, where waking a thread on
-    another core is slow, the GIL then stays held for the whole wake-up). A ring that finds the pipe full is
-    not needed: a wake-up is already pending."""
-
-    def __init__(self):
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._write, False)
-
-    def ring(self) -> None:
-        try:
-            os.write(self._write, b"\0")
-        except (BlockingIOError, OSError):  # full (a wake-up is pending), or closed
-            pass
-
-    def wait(self, timeout: float) -> None:
-        """Until a ring since the last wait (or before it, unread), or ``timeout`` seconds."""
-        ready, _, _ = select.select([self._read], [], [], timeout)
-        if ready:
-            os.read(self._read, 4096)
-
-    def __del__(self):  # (only when neither thread can still use it)
-        for fd in (self._read, self._write):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
 
 class _Handoff:
@@ -76,8 +47,8 @@ class _Handoff:
     def __init__(self, depth: int):
         self.depth = depth
         self._items: deque = deque()
-        self._filled = _Pipe()
-        self._emptied = _Pipe()
+        self._filled = WakePipe()  # closed once garbage: neither thread can use it then
+        self._emptied = WakePipe()
         self._taker_waits = False
         self._giver_waits = False
 

@@ -10,14 +10,13 @@ work a plan would do in one burst (the chunks of a new shuffle buffer-full) is s
 """
 from __future__ import annotations
 
-import os
-import select
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Callable, Iterator
 
 from ..sampler import BatchPlan
+from ..wake_pipe import WakePipe
 
 THREAD_PREFIX = "feedline-features"
 
@@ -31,41 +30,26 @@ def may_join() -> bool:
     return not isinstance(current, threading._DummyThread) and not current.name.startswith(THREAD_PREFIX)
 
 
-class _Doorbell:
-    """How a worker tells the batch thread that the batch it waits for is done: a byte through a pipe, and only
-    while it waits for that very batch (``watch``), so that batches finished ahead of time wake nobody.
-    Writing and waiting are system calls made without the GIL, where a ``Condition`` (a ``Future``'s
-    ``result()``) wakes the waiting thread from inside a call that holds it: on a virtual machine, where waking a
-    thread on another core is slow, the GIL then stays held for the whole wake-up, once per batch. A ring that
-    finds the pipe full is not needed: a wake-up is already pending."""
+class _Doorbell(WakePipe):
+    """How a worker tells the batch thread that the batch it waits for is done: a ring of the pipe, and only
+    while it waits for that very batch (``wait_for``), so that batches finished ahead of time wake nobody (a
+    ``Future``'s ``result()`` would wake it holding the GIL, once per batch)."""
 
     def __init__(self):
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._write, False)
-        self._closed = False
+        super().__init__()
         self._watched = None
 
     def ring(self, future=None) -> None:
         if future is not None and future is not self._watched:
             return
-        try:
-            os.write(self._write, b"\0")
-        except (BlockingIOError, OSError):  # full (a wake-up is pending), or closed with the stream
-            pass
+        super().ring()
 
     def wait_for(self, future) -> None:
         """Until ``future`` is done (its callback rings the bell once it is watched; a ring may be spurious)."""
         self._watched = future  # set before looking: a worker finishing now then sees it and rings
         while not future.done():
-            select.select([self._read], [], [])
-            os.read(self._read, 4096)
+            self.wait()
         self._watched = None
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            os.close(self._read)
-            os.close(self._write)
 
 
 class PlanThreads:
