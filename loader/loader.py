@@ -16,7 +16,7 @@ from .epoch_stream import EpochStream
 from .devices import parse_device
 from .errors import OnError, Skipped
 from .guards import Iterations, ProcessGuard
-from .mix_order import MixOrder
+from .mix_weights import order_to_reweigh, weights_of
 from .loader_arguments import batch_pixels, cache_of, on_error_of, shuffle_buffer_rows, work_counts
 from .loader_state import composed, resume_from
 from .opened_pipeline import OpenedPipeline
@@ -116,24 +116,15 @@ class Loader:
     @property
     def weights(self) -> dict[str, float]:
         """A mix's weights now (normalised), by source name; the names in order are ``pipeline.names``."""
-        order = plain(self.sampler)
-        if not isinstance(order, MixOrder):
-            raise TypeError(f"pipeline {self.pipeline.name!r} is not a mix (feedline.pipelines.mix): it has no weights")
-        return order.weights
+        return weights_of(self.sampler, self.pipeline.name)
 
     def set_weights(self, weights: Mapping[str, float]) -> None:
         """A mix draws with ``weights`` (source name -> positive weight, every source named) from the next batch
         the trainer gets on: batches made ahead (``prefetch``) but not yet delivered are made again with the new
         weights, so the switch falls at the same batch whatever the threads' timing, and a state saved later
         resumes with the weights in force (``state_dict`` keeps them, with where each change began)."""
-        order = plain(self.sampler)
-        if not isinstance(order, MixOrder):
-            raise TypeError(f"set_weights: pipeline {self.pipeline.name!r} is not a mix (feedline.pipelines.mix)")
         epoch, place = self.cursor.next_sample
-        if order is not self.sampler and epoch == self.sampler.at:
-            raise ValueError(f"set_weights: the rest of epoch {epoch} was dealt to this job's ranks after a resume on "
-                             f"another number of ranks, in the places the earlier job drew; new weights can start "
-                             f"with the next epoch (call set_weights after this epoch's last batch)")
+        order = order_to_reweigh(self.sampler, self.pipeline.name, epoch)  # (``mix_weights``)
         running = self._stream.thread is not None
         self._stream.close()
         order.set_weights(weights, epoch, place)
