@@ -18,7 +18,7 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 
@@ -250,32 +250,17 @@ class ChunkedTable:
         ints = np.empty((n, len(self._ints)), dtype=np.int64)
         floats = np.empty((n, len(self._floats)), dtype=np.float64)
         missing = np.empty((n, len(self._ints) + len(self._floats)), dtype=bool)
-        bad = np.zeros(n, dtype=bool)
         int_columns = np.arange(len(self._ints), dtype=np.int64)
         float_columns = np.arange(len(self._ints), len(self._ints) + len(self._floats), dtype=np.int64)
-        lists = {k: [] for k in self._lists}
-        bads: list[tuple[int, PackedChunk, int]] = []
-        chunks, bounds, local, positions = self._groups(rows)
-        for g, c in enumerate(chunks.tolist()):  # the requested rows that one chunk holds
-            chunk = self._cache.get(c, self._load)
-            here, at = local[bounds[g]:bounds[g + 1]], positions[bounds[g]:bounds[g + 1]]
-            ints[at], floats[at], missing[at] = ops.gather_raw(chunk.block, int_columns, float_columns, here)
-            if chunk.any_bad:
-                bad[at] = chunk.bad[here]
-                bads += [(k, chunk, c) for k in at[chunk.bad[here]].tolist()]
-            for k in self._lists:
-                lists[k].append(take(chunk.lists[k], here))
-        columns = {}
+
+        def put(block, here, at):
+            ints[at], floats[at], missing[at] = ops.gather_raw(block, int_columns, float_columns, here)
+
+        bad, columns = self._by_chunk(rows, self._lists, put)
         for j, k in enumerate(self._ints):
             columns[k] = ScalarColumn(ints[:, j], missing[:, j])
         for j, k in enumerate(self._floats):
             columns[k] = ScalarColumn(floats[:, j], missing[:, len(self._ints) + j])
-        if self._lists:
-            inverse = np.empty_like(positions)
-            inverse[positions] = np.arange(n)
-            for k in self._lists:
-                columns[k] = take(concat(lists[k]), inverse)
-        self._note_bads(rows, bads)
         return Rows({c.name: columns[c.name] for c in self.columns}, bad)
 
     def gather(self, rows: np.ndarray, *, label: str | None, dense: tuple[str, ...], categorical: tuple[str, ...],
@@ -289,6 +274,17 @@ class ChunkedTable:
             rows = check_rows(rows, self.num_rows)  # (the range is checked with the grouping)
         rows = np.ascontiguousarray(rows)
         picks = self.picks(label, dense, categorical)
+
+        def put(block, here, at):
+            ops.gather_columns(block, picks, here, at, missing_id=missing_id, label=label_out, dense=dense_out,
+                               ids=ids_out)
+
+        return Gathered(*self._by_chunk(rows, lists, put))
+
+    def _by_chunk(self, rows: np.ndarray, lists, put: Callable) -> tuple[np.ndarray, dict]:
+        """``put(block, here, at)`` for each chunk holding some of ``rows`` (``here``: those rows within the
+        chunk, ``at``: their positions in ``rows``); then which rows are bad (each noted, in the order the rows
+        were asked for) and the ``lists`` columns at ``rows``."""
         bad = np.zeros(rows.size, dtype=bool)
         bads: list[tuple[int, PackedChunk, int]] = []
         parts: dict[str, list] = {k: [] for k in lists}
@@ -296,8 +292,7 @@ class ChunkedTable:
         for g, c in enumerate(chunks.tolist()):
             chunk = self._cache.get(c, self._load)
             here, at = local[bounds[g]:bounds[g + 1]], positions[bounds[g]:bounds[g + 1]]
-            ops.gather_columns(chunk.block, picks, here, at, missing_id=missing_id, label=label_out,
-                               dense=dense_out, ids=ids_out)
+            put(chunk.block, here, at)
             if chunk.any_bad:
                 bad[at] = chunk.bad[here]
                 bads += [(k, chunk, c) for k in at[chunk.bad[here]].tolist()]
@@ -308,12 +303,9 @@ class ChunkedTable:
             inverse = np.empty_like(positions)
             inverse[positions] = np.arange(rows.size)
             out = {k: take(concat(parts[k]), inverse) for k in lists}
-        self._note_bads(rows, bads)
-        return Gathered(bad, out)
-
-    def _note_bads(self, rows: np.ndarray, bads: list[tuple[int, PackedChunk, int]]) -> None:
-        for k, chunk, c in sorted(bads, key=lambda bad: bad[0]):  # in the order the rows were asked for
+        for k, chunk, c in sorted(bads, key=lambda bad: bad[0]):
             self.note_bad(int(rows[k]), chunk, c)
+        return bad, out
 
     @property
     def skipped(self) -> list[Skipped]:
