@@ -32,34 +32,9 @@ from .image_batches import BatchFormer
 from .image_cache import DECODED, OUTPUT, DiskStore, ImageCaches, cache_key, cache_kind
 from .image_faults import sample_at_fault
 from .image_runner import ImageRunner
+from .plan_runs import PlanRuns
 
 READ_PROBE = 64  # samples read back from a store to time it
-
-
-class _Plans:
-    """The Loader's plans, taken one epoch at a time."""
-
-    def __init__(self, plans: Iterator[BatchPlan]):
-        self._plans = iter(plans)
-        self._next: BatchPlan | None = None
-
-    def epoch(self) -> list[BatchPlan]:
-        first = self._next if self._next is not None else next(self._plans, None)
-        self._next = None
-        if first is None:
-            return []
-        out = [first]
-        for plan in self._plans:
-            if plan.epoch != first.epoch:
-                self._next = plan
-                break
-            out.append(plan)
-        return out
-
-    def rest(self) -> Iterator[BatchPlan]:
-        head = [self._next] if self._next is not None else []
-        self._next = None
-        return itertools.chain(head, self._plans)
 
 
 class _StoreSource:
@@ -212,10 +187,10 @@ class CachedImageRunner:
 
     def batches(self, plans: Iterator[BatchPlan], timer: StageTimer = NO_TIMER
                 ) -> Iterator[tuple[dict[str, torch.Tensor], BatchInfo]]:
-        plans = _Plans(plans)
+        plans = PlanRuns(plans, key=lambda plan: plan.epoch)  # one epoch at a time
         if self.decision is None and self.store.complete and self.store.recompute_s is not None:
             self._decide(self.store.recompute_s)  # a whole store on disk, filled by an earlier run
-        while epoch := plans.epoch():
+        while epoch := plans.next_run():
             decision = self.decision
             if decision is not None and not decision.use and self.max_side is None:
                 yield from self.plain.batches(itertools.chain(epoch, plans.rest()), timer)

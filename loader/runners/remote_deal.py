@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from ..sampler import BatchPlan
+from .plan_runs import PlanRuns
 
 MIN_REMOTE_SHARE = 0.05  # of the groups, sent to workers however slow they were measured
 _SAMPLES = 8  # groups each side's cost is taken over
@@ -120,8 +121,7 @@ class Deal:
     def __init__(self, plans: Iterator[BatchPlan], group_of: Callable, share: Callable[[], float],
                  send: Callable, unfinished: list[int], *, keep: Callable | None = None,
                  local_unfinished: int | None = None, runs: int = 1):
-        self.plans = iter(plans)
-        self.group_of = group_of
+        self.plans = PlanRuns(plans, group_of)  # groups: runs of one key
         self.share = share
         self.send = send
         self.keep = keep
@@ -136,22 +136,6 @@ class Deal:
         self.local: deque[BatchPlan] = deque()
         self._credit: float | None = None  # local runs owed by the share (error diffusion)
         self._run: tuple[int | None, int] = (None, 0)  # the side of the current run, and groups left in it
-        self._next: BatchPlan | None = None  # read past the end of the last group
-
-    def _group(self) -> list[BatchPlan]:
-        first = self._next if self._next is not None else next(self.plans, None)
-        self._next = None
-        if first is None:
-            return []
-        group, key = [first], self.group_of(first)
-        if key is None:
-            return group
-        for plan in self.plans:
-            if self.group_of(plan) != key:
-                self._next = plan
-                break
-            group.append(plan)
-        return group
 
     def working(self, side: int | None) -> int:
         """Groups that ``side`` (None: local) was dealt and has not finished."""
@@ -185,7 +169,7 @@ class Deal:
         return side
 
     def pull(self) -> bool:
-        group = self._group()
+        group = self.plans.next_run()
         if not group:
             return False
         worker = self._side()
