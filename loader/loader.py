@@ -12,13 +12,13 @@ from ..pipelines.validate import int_at_least
 from .cache_policy import CacheSettings
 from .cursor import Cursor
 from .dataloader_habits import default_rank_world, refuse
-from .epoch_stream import EpochStream
 from .devices import parse_device
+from .epoch_stream import EpochStream
 from .errors import OnError, Skipped
 from .guards import Iterations, ProcessGuard
-from .mix_weights import order_to_reweigh, weights_of
 from .loader_arguments import batch_pixels, cache_of, on_error_of, shuffle_buffer_rows, work_counts
 from .loader_state import composed, resume_from
+from .mix_weights import order_to_reweigh, weights_of
 from .opened_pipeline import OpenedPipeline
 from .placement.controller import PlacementController
 from .runners import Runner, RunnerConfig
