@@ -20,18 +20,17 @@ NAN32 = np.float32(np.nan)
 INF32 = np.float32(np.inf)
 
 
-@intrinsic
-def _bits_of(typingctx, x):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.int64))
-    return types.int64(types.float64), codegen
+def _bitcast(source, target):
+    """An intrinsic reading a ``source`` value's bits as a ``target`` value."""
+    @intrinsic
+    def cast(typingctx, x):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(target))
+        return target(source), codegen
+    return cast
 
 
-@intrinsic
-def _float_of(typingctx, x):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float64))
-    return types.float64(types.int64), codegen
+_bits_of, _float_of = _bitcast(types.float64, types.int64), _bitcast(types.int64, types.float64)
 
 
 @helper

@@ -14,24 +14,19 @@ from ._numba import helper, kernel
 TILE = 256  # rows of ids packed at a time, column after column
 
 
-@intrinsic
-def _words_at(typingctx, address):
-    """The uint32 words from byte ``address`` on."""
-    signature = types.CPointer(types.uint32)(types.int64)
+def _pointer(kind):
+    """An intrinsic giving the ``kind`` values from byte ``address`` on."""
+    @intrinsic
+    def at(typingctx, address):
+        signature = types.CPointer(kind)(types.int64)
 
-    def codegen(context, builder, sig, args):
-        return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
-    return signature, codegen
+        def codegen(context, builder, sig, args):
+            return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
+        return signature, codegen
+    return at
 
 
-@intrinsic
-def _floats_at(typingctx, address):
-    """The float32 values from byte ``address`` on."""
-    signature = types.CPointer(types.float32)(types.int64)
-
-    def codegen(context, builder, sig, args):
-        return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
-    return signature, codegen
+_words_at, _floats_at = _pointer(types.uint32), _pointer(types.float32)
 
 
 @kernel
