@@ -53,7 +53,7 @@ def run(parser: argparse.ArgumentParser, args) -> dict:
             for name in ("a.tsv", "b.tsv"):
                 if (out / name).is_dir():
                     raise ValueError(f"--out {args.out!r}: {name} is a folder; make-data mix writes a file there")
-        from ..datagen.mix import make_mix
+        from ..datagen.synthetic_mix import make_mix
         return make_mix(out, of=args.of, count=args.count, classes=args.classes, rows=args.rows, seed=args.seed)
     if args.kind == "images":
         if args.shard_size is not None and args.format != "webdataset":
