@@ -34,6 +34,7 @@ def run(parser: argparse.ArgumentParser, args) -> dict:
     import torch
     from tqdm import tqdm
 
+    from ..benchmarks.trainer import counted
     from ..loader.epochs import endless, measure_loader
     from ..loader.loader import Loader
     from ..loader.placement.report import format_plan
@@ -64,7 +65,7 @@ def run(parser: argparse.ArgumentParser, args) -> dict:
             bar.update()
             bar.set_description(f"plan: measuring {batches} batches")
             sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-            measured = measure_loader(lambda: _counted(stream, bar.update), batches, 0, sync=sync)["samples_per_s"]
+            measured = measure_loader(lambda: counted(stream, bar.update), batches, 0, sync=sync)["samples_per_s"]
             stream.close()
         finally:
             loader.close()
@@ -85,12 +86,6 @@ def format_cache(cache: dict) -> str:
     """The cache's line: what is kept, where, and the decision with its reason."""
     kept = f"{cache['kind']} in {cache['where']}, " if "kind" in cache else ""
     return f"cache      {kept}{cache['reason']}"
-
-
-def _counted(stream, tick):
-    for batch in stream:
-        tick()
-        yield batch
 
 
 class _ticking:
