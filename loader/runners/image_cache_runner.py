@@ -274,11 +274,16 @@ class CachedImageRunner:
         return self.store.records if isinstance(self.store, DiskStore) else self.store.items
 
     def _read_cost(self, indices: list[int]) -> float:
-        """Seconds per sample to read ``indices`` back from the store into a batch's tensor."""
+        """Seconds per sample to read ``indices`` back from the store into a batch's memory, as serving does: into
+        memory already in use (a batch buffer of the ring), not fresh allocations, whose page faults cost more
+        than the copy (timed so, a 224-pixel float output's read measured 0.68-1.16 ms a sample where serving
+        took 0.12)."""
+        largest = max(self.store.get(i).nbytes for i in indices)
+        into = np.zeros(largest, dtype=np.uint8)  # (its pages touched before the clock starts)
         started = time.perf_counter()
-        rows = [np.array(self.store.get(i)) for i in indices]  # copied: a mapped file's pages are read
-        if self.kind == OUTPUT:
-            torch.from_numpy(np.stack(rows))
+        for i in indices:
+            row = np.ascontiguousarray(self.store.get(i)).reshape(-1).view(np.uint8)  # a mapped file's pages read
+            into[:row.size] = row
         return (time.perf_counter() - started) / len(indices)
 
     # ---- serving from the store ------------------------------------------------------------------
