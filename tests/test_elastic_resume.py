@@ -388,3 +388,18 @@ def test_a_state_before_an_epochs_first_batch_gives_the_new_ranks_the_whole_epoc
     new = make(0, 3)
     new.load_state_dict(old.state_dict())
     assert new.epoch == 1 and take(iter(new), None) == take(iter(reference(make)), None)
+
+
+def test_a_mix_resumes_on_2_then_3_ranks(folder):
+    """A mix's places, dealt as one source's: 4 -> 2 -> 3 ranks mid-epoch, every place of the epoch once (a window
+    of the whole epoch, so each source gives each of its samples once), equal batch counts in each job."""
+    from feedline.pipelines.mix import mix
+
+    spec = mix({"a": image.train(folder, size=16, output="uint8"),
+                "b": image.train(folder, size=16, output="uint8", scale=(0.5, 1.0))},
+               weights={"a": 0.5, "b": 0.5}, window=82)
+    seen, counts, states = three_jobs(lambda rank, world: Loader(spec, batch_size=3, placement="cpu", seed=5,
+                                                                 rank=rank, world_size=world, num_threads=1))
+    assert_once(seen, 82)
+    assert all(len(set(c)) == 1 for c in counts) and counts[:2] == [[2] * 4, [1] * 2]
+    assert all(s["complete"] and s["epoch"] == 0 for s in states)
