@@ -91,19 +91,28 @@ class FakeProbe:
         self.closed = True
 
 
-def thread_check(rates_by_threads, threads=2):
-    """AutoPlacement._check_threads on a plan of ``threads`` with probes giving the rates given."""
+def thread_check(rates_by_threads, threads=2, samples=1_000_000, samples_per_s=100.0):
+    """AutoPlacement._check_threads on a plan of ``threads`` predicted at ``samples_per_s``, over an epoch of
+    ``samples`` on this rank, with probes giving the rates given."""
     adopted = []
     placement = AutoPlacement.__new__(AutoPlacement)
     placement.scheduler = SimpleNamespace(max_threads=None, adopt=lambda cut, t, m, reason: adopted.append(
         (cut, t, reason)) or SimpleNamespace(cut=cut, threads=t))
     placement.last = None
+    placement.batch_size = 4
+    placement.orders = lambda batch_size, seed: SimpleNamespace(per_rank=samples)
     probes = {t: FakeProbe(r) for t, r in rates_by_threads.items()}
     placement._probe = lambda cut, t: probes[t]
-    plan = SimpleNamespace(cut=5, threads=threads)
+    plan = SimpleNamespace(cut=5, threads=threads, samples_per_s=samples_per_s)
     chosen = placement._check_threads(plan)
     assert all(p.closed for p in probes.values())
     return placement, chosen, adopted
+
+
+def test_no_thread_check_where_an_epoch_takes_less_than_the_check():
+    """40 samples at a predicted 100/s: a 0.4 s epoch, shorter than the check's 1.8 s; nothing is probed."""
+    placement, chosen, adopted = thread_check({}, samples=40)
+    assert chosen.threads == 2 and adopted == [] and "less than the check" in placement.thread_check_rounds["skipped"]
 
 
 def test_the_thread_check_keeps_the_models_choice_within_the_noise():

@@ -91,6 +91,12 @@ class AutoPlacement:
         later re-plans."""
         if plan.threads <= 1:
             return plan
+        check_s = CHECK_MIN_ROUNDS * 2 * CHECK_SECONDS
+        epoch_s = self.orders(self.batch_size, PROBE_SEED).per_rank / max(plan.samples_per_s, 1e-9)
+        if epoch_s < check_s:  # (a tiny dataset: what fewer threads could save is less than the check costs)
+            self.thread_check_rounds = {"skipped": f"an epoch is predicted to take {epoch_s:.2f} s, less than the "
+                                                   f"check's {check_s:.1f} s"}
+            return plan
         fewer = plan.threads - 1
         probes = {t: self._probe(plan.cut, t) for t in (plan.threads, fewer)}
         try:
