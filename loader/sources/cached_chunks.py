@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import struct
 import time
 from typing import NamedTuple
@@ -28,6 +27,7 @@ from numba import njit
 from ... import ops
 from ...ops.gather_columns import CODES, DTYPES
 from .columnar import RecordLayout, narrowest
+from .index_store import write_file
 from .table_rows import ListColumn
 
 MAGIC = b"FLCHUNK1"
@@ -191,30 +191,6 @@ def stored_layout(folder: str, chunk: int, key: bytes, columns: int) -> RecordLa
 def write(folder: str, chunk: int, pieces: list) -> int:
     """The chunk file written into ``folder`` in one step (a temporary file renamed into place); its size."""
     return write_file(os.path.join(folder, chunk_name(chunk)), pieces)
-
-
-def write_file(target: str, pieces: list) -> int:
-    """``pieces`` written to ``target`` in one step: a temporary file (never following a link planted at its
-    name) renamed into place; the size written."""
-    temporary = f"{target}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(temporary, flags, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fd = -1
-            for piece in pieces:
-                f.write(piece)
-            size = f.tell()
-        os.replace(temporary, target)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
-    return size
 
 
 def read(folder: str, chunk: int, key: bytes, rows: int, columns: int, list_names: tuple[str, ...]

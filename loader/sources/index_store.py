@@ -142,16 +142,24 @@ def save(path: str | os.PathLike, kind: str, version: int, fingerprint: Fingerpr
 
 
 def _write(target: str, text: str) -> None:
-    folder, name = os.path.split(target)
+    folder = os.path.dirname(target)
     if folder:
         os.makedirs(folder, exist_ok=True)
-    temporary = os.path.join(folder, f"{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    write_file(target, [text.encode("utf-8")])
+
+
+def write_file(target: str, pieces: list) -> int:
+    """``pieces`` (bytes-like) written to ``target`` in one step: a temporary file beside it (never following a
+    link planted at its name) renamed into place, removed on failure; the size written."""
+    temporary = f"{target}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(temporary, flags, 0o644)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "wb") as f:
             fd = -1
-            f.write(text)
+            for piece in pieces:
+                f.write(piece)
+            size = f.tell()
         os.replace(temporary, target)
     except BaseException:
         if fd >= 0:
@@ -161,6 +169,7 @@ def _write(target: str, text: str) -> None:
         except OSError:
             pass
         raise
+    return size
 
 
 def forget_memory() -> None:
