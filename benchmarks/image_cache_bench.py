@@ -11,7 +11,6 @@ Run: ``python -m feedline.benchmarks.image_cache_bench DATA --pipeline image-val
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -24,6 +23,7 @@ from ..loader.cache_policy import CacheSettings
 from ..loader.loader import Loader
 from ..pipelines import image
 from ..pipelines.validate import finite_at_least, int_at_least, one_of, positive_int
+from .printed import print_result
 
 
 def bench_image_cache(data: str | os.PathLike, *, pipeline: str = "image-val", epochs: int = 3, batch_size: int = 64,
@@ -92,11 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = bench_image_cache(args.data, pipeline=args.pipeline, epochs=args.epochs, batch_size=args.batch_size,
                                size=args.size, placement=args.placement, cache=args.cache,
                                memory_gib=args.memory_gib, cache_dir=args.cache_dir, num_threads=args.threads)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    print_result(result, args.json)
     return result
 
 

@@ -8,7 +8,6 @@ mixed 50/50; ``mix_over_single`` is the mix's throughput over the single folder'
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from typing import Iterator, Mapping
 
@@ -24,6 +23,7 @@ from ..pipelines.image_sources import ImageFolder, ImageList
 from ..pipelines.mix import mix
 from ..pipelines.spec import PipelineSpec
 from .image_bench import SETTLE_S, ROUND_OVER_READAHEAD
+from .printed import print_result
 from .trainer import alternate, cuda_sync, median_rate
 
 
@@ -129,11 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     result = bench_split(args.folder, placement=args.placement, batch_size=args.batch_size, batches=args.batches,
                          rounds=args.rounds, output=args.output)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    print_result(result, args.json)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ never beside the data, and removed afterwards. Run: ``python -m feedline.benchma
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import shutil
@@ -26,6 +25,7 @@ from ..loader.loader import Loader
 from ..loader.sources.text_to_columnar import convert
 from ..pipelines.criteo import criteo
 from ..pipelines.validate import int_at_least, one_of, positive_int
+from .printed import print_result
 
 
 def bench_table_cache(path: str | os.PathLike, *, epochs: int = 3, batch_size: int = 8192, cache: str = "auto",
@@ -106,11 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     result = bench_table_cache(args.data, epochs=args.epochs, batch_size=args.batch_size, cache=args.cache,
                                num_threads=args.num_threads, work=args.work)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    print_result(result, args.json)
     return result
 
 
