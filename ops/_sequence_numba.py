@@ -44,46 +44,48 @@ def dense_range(positions, low):
 def fill_run(first, num_samples, seq_start, row_start, rows, valid):
     """Rows of the consecutive positions ``first, first + 1, ...``, walking the pieces in order."""
     pieces = seq_start.shape[0]
+    top = top_step(pieces)
     k = 0
     for i in range(rows.shape[0]):
         v = first + i
         inside = v < num_samples
         v = v if inside else v % num_samples
         if k + 1 < pieces and seq_start[k + 1] <= v or seq_start[k] > v:
-            k = find_piece(seq_start, v)
+            k = piece_of(seq_start, top, v)
         rows[i] = row_start[k] + (v - seq_start[k])
         valid[i] = inside
-
-
-@helper
-def find_piece(seq_start, v):
-    """The last ``k`` with ``seq_start[k] <= v``."""
-    lo, hi = 0, seq_start.shape[0] - 1
-    while lo < hi:
-        mid = (lo + hi + 1) >> 1
-        if seq_start[mid] <= v:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 @helper
 def search_each(positions, shift, num_samples, seq_start, row_start, rows, valid):
-    pieces = seq_start.shape[0]
-    top = 1
-    while top * 2 <= pieces:
-        top *= 2
+    top = top_step(seq_start.shape[0])
     for i in range(positions.shape[0]):
         v = positions[i] + shift
         inside = v < num_samples
         v = v if inside else v % num_samples
-        k = 0  # the last k with seq_start[k] <= v, found without branches (positions come in random order)
-        step = top
-        while step > 0:
-            j = k + step
-            ok = (j < pieces) & (seq_start[min(j, pieces - 1)] <= v)
-            k = j if ok else k
-            step >>= 1
+        k = piece_of(seq_start, top, v)
         rows[i] = row_start[k] + (v - seq_start[k])
         valid[i] = inside
+
+
+@helper
+def top_step(pieces):
+    """The largest power of two <= ``pieces``: the first step of ``piece_of``."""
+    top = 1
+    while top * 2 <= pieces:
+        top *= 2
+    return top
+
+
+@helper
+def piece_of(seq_start, top, v):
+    """The last ``k`` with ``seq_start[k] <= v``, found without branches (positions come in random order)."""
+    pieces = seq_start.shape[0]
+    k = 0
+    step = top
+    while step > 0:
+        j = k + step
+        ok = (j < pieces) & (seq_start[min(j, pieces - 1)] <= v)
+        k = j if ok else k
+        step >>= 1
+    return k
