@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import tempfile
 import time
 
 from ..loader.cache_policy import CacheSettings
+from ..loader.cpu_time import process_cpu
 from ..loader.epochs import batch_size_of
 from ..loader.loader import Loader
 from ..loader.sources.text_to_columnar import convert
@@ -71,11 +71,11 @@ def _epochs(sides: dict, epochs: int, batch_size: int, num_threads: int | None) 
         for _ in range(epochs):
             for side, loader in loaders.items():
                 rows = 0
-                cpu, started = _cpu_s(), time.perf_counter()
+                cpu, started = process_cpu(), time.perf_counter()
                 for batch in loader:
                     rows += batch_size_of(batch)
                 out[side]["samples_per_s"].append(round(rows / (time.perf_counter() - started)))
-                out[side]["cpu_s"].append(round(_cpu_s() - cpu, 3))
+                out[side]["cpu_s"].append(round(process_cpu() - cpu, 3))
                 out[side]["rows"] = rows
         for side, loader in loaders.items():
             decision = getattr(loader.source.reader, "cache_decision", None)
@@ -85,11 +85,6 @@ def _epochs(sides: dict, epochs: int, batch_size: int, num_threads: int | None) 
         for loader in loaders.values():
             loader.close()
     return out
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import resource
 import statistics
 import time
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Callable
 import torch
 
 from ...pipelines.spec import PipelineSpec
+from ..cpu_time import process_cpu
 from ..runners.contract import Runner, RunnerConfig, StageTimes
 from ..sampler import BatchPlan
 from .measurements import DEFAULT_H2D_BYTES_PER_S, BatchCosts, StageCost
@@ -128,11 +128,6 @@ def batch_costs_of(costs: tuple[StageCost, ...], path: BatchPath, *, delivery_s:
     staged = path.samples * sum(c.core_s_per_sample or 0.0 for c in costs)
     return BatchCosts(cpu_s=max(0.0, path.process_cpu_s - staged) / path.batches,
                       thread_s=path.thread_cpu_s / path.batches, delivery_s=delivery_s, transfer_s=transfer_s)
-
-
-def process_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _measure(runners: RunnerFactory, config: RunnerConfig, plans: list[BatchPlan], *,

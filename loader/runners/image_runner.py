@@ -4,7 +4,6 @@ parameters), DALI decodes and runs the GPU stages that follow it in DALI (``imag
 run the rest on the way to the batch delivered (``image_torch``, ``image_delivery``)."""
 from __future__ import annotations
 
-import resource
 import time
 from typing import Iterator
 
@@ -14,6 +13,7 @@ import torch
 from ...pipelines.image import infer_types
 from ...pipelines.imaging.types import Dtype
 from ...pipelines.spec import PipelineSpec
+from ..cpu_time import process_cpu
 from ..errors import Skipped
 from ..sampler import BatchPlan
 from ..skip_log import SkipLog
@@ -101,7 +101,7 @@ class ImageRunner:
         sync = torch.cuda.synchronize if graph.dali_on_gpu or any(s.gpu for s in graph.torch_steps) \
             else (lambda: None)
         sync()
-        cpu0, thread0, wall0 = _process_cpu(), time.thread_time(), time.perf_counter()
+        cpu0, thread0, wall0 = process_cpu(), time.thread_time(), time.perf_counter()
         samples = 0
         made = self._made(iter(plans), timer)
         try:
@@ -113,7 +113,7 @@ class ImageRunner:
             made.close()
         sync()
         wall = time.perf_counter() - wall0
-        dali_cpu = max((_process_cpu() - cpu0) - (time.thread_time() - thread0), 0.0)
+        dali_cpu = max((process_cpu() - cpu0) - (time.thread_time() - thread0), 0.0)
         seconds = {names[0]: timer.seconds.pop(names[0], 0.0), **timer.seconds}
         pixels = pixels / max(samples, 1)
         indices = [i for p in plans for i in p.indices.tolist()]
@@ -134,8 +134,3 @@ class ImageRunner:
 
     def close(self) -> None:
         self.session.close()
-
-
-def _process_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
