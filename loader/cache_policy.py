@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..pipelines.validate import int_at_least, positive_int
+from .byte_units import format_bytes
 
 DEFAULT_MEMORY_BYTES = 2 << 30  # RAM a cache may hold when no directory is given (2 GiB)
 
@@ -120,14 +121,6 @@ def _seconds(name: str, value: float) -> float:
     return float(value)
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # unreachable
-
-
 def decide(*, what: str, recompute_s: float, read_s: float, bytes_needed: int, settings: CacheSettings,
            space_bytes: int) -> CacheDecision:
     """Cachew's rule: cache ``what`` only where recomputing it (``recompute_s``) costs more than reading it back
@@ -141,7 +134,7 @@ def decide(*, what: str, recompute_s: float, read_s: float, bytes_needed: int, s
     where = "RAM budget" if settings.directory is None else f"free space in {settings.directory}"
     fits = bytes_needed <= space_bytes
     costs = f"recomputing takes {recompute_s * 1e3:.3f} ms, reading the cache {read_s * 1e3:.3f} ms"
-    room = f"{_size(bytes_needed)} against {_size(space_bytes)} of {where}"
+    room = f"{format_bytes(bytes_needed)} against {format_bytes(space_bytes)} of {where}"
     if settings.mode is CacheMode.OFF:
         return CacheDecision(False, f"not cached: cache='off' ({costs})", **figures)
     if not fits:

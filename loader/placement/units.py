@@ -1,16 +1,11 @@
 """Numbers as people read them in a placement's reasons and tables (milliseconds and bytes), and the tables."""
 from __future__ import annotations
 
+from ..byte_units import format_bytes  # re-exported: placement's reasons and tables take it from here
+
 
 def format_ms(ms: float) -> str:
     return f"{ms:.2g}" if ms < 10 else f"{ms:,.0f}"
-
-
-def format_bytes(n: float) -> str:
-    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
 
 
 def text_columns(rows: list[tuple[str, ...]], numeric: set[int], *, free_last: bool = False) -> list[str]:
