@@ -40,8 +40,10 @@ def test_per_batch_costs_are_divided_by_the_batch_size_on_their_resource(batch_s
     batch = BatchCosts(cpu_s=4e-3, thread_s=2e-3, delivery_s=0.5e-3, transfer_s=1e-3)
     p = model(batch_size).one(2, threads, measurements(batch, trainer=1.5)).prediction
     core_s = 100e-6 + 900e-6 + 4e-3 / batch_size          # stages and forming share the cores
+    own_s = 2e-3 / batch_size                              # of which the batch thread's own, beside the pool's
     assert p.cpu_core_s_per_sample == pytest.approx(core_s)
-    assert p.cpu_s_per_sample == pytest.approx(core_s / min(threads, 4 - 1.5))
+    assert p.cpu_s_per_sample == pytest.approx(max((core_s - own_s) / min(threads, 4 - 1.5),
+                                                   core_s / min(threads + 1, 4 - 1.5)))
     assert p.thread_s_per_sample == pytest.approx((2e-3 + 0.5e-3) / batch_size)  # one batch thread, not shared
     assert p.transfer_s_per_sample == 0.0                  # all on the CPU, delivered there: nothing crosses
     slowest = max(p.cpu_s_per_sample, p.thread_s_per_sample)
@@ -52,6 +54,21 @@ def test_per_batch_costs_are_divided_by_the_batch_size_on_their_resource(batch_s
 def test_without_per_batch_costs_the_prediction_is_the_stages_alone():
     p = model(64).one(2, 2, measurements(BatchCosts())).prediction
     assert (p.thread_s_per_sample, p.samples_per_s) == (0.0, pytest.approx(2 / 1000e-6))
+
+
+def test_the_batch_threads_own_work_runs_beside_one_worker_thread():
+    # 1 ms of CPU a sample, 0.4 of it on the batch thread (an image pipeline's torch stages), 0.6 on the workers
+    # (DALI's decoding): one worker keeps one core busy and the batch thread a second, so two cores serve even
+    # one worker thread; more workers than cores gain nothing, however many there are.
+    m = measurements(BatchCosts(thread_s=64 * 400e-6), cores=2)
+    rates = {t: model(64).one(2, t, m).prediction.samples_per_s for t in (1, 2, 3)}
+    assert rates == {1: pytest.approx(1 / 600e-6), 2: pytest.approx(2 / 1000e-6), 3: pytest.approx(2 / 1000e-6)}
+    # with the batch thread idle (a table's workers do everything), the workers alone set the pace, as before
+    idle = measurements(BatchCosts(), cores=2)
+    assert model(64).one(2, 1, idle).prediction.samples_per_s == pytest.approx(1 / 1000e-6)
+    # the batch thread's time measured at the all-CPU cut is never more than the work a cut leaves on the CPU
+    gpu_cut = model(64).one(1, 1, m).prediction
+    assert gpu_cut.cpu_s_per_sample == pytest.approx(100e-6 / 2)
 
 
 def test_the_batch_thread_bounds_a_pipeline_whose_batches_are_slow_to_form():

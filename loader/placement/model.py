@@ -3,7 +3,12 @@ explaining the chosen one stage by stage. Pure: the same measurements give the s
 
 The model, for a candidate (cut, threads), all per sample (B: the batch size; "per batch" costs are
 ``Measurements.batch``, each divided by B):
-  cpu      = (sum of the CPU stages' core seconds + forming per batch / B) / min(threads, free cores)
+  core     = the CPU stages' core seconds + forming per batch / B (all the CPU work of a sample), of which
+  own      = min(the batch thread's CPU time per batch / B, core) runs on the batch thread whatever the thread
+             count (an image pipeline's torch stages, reading and forming), and
+  pool     = core - own on the ``threads`` worker threads (DALI's, the feature workers)
+  cpu      = max(pool / min(threads, free cores), core / min(threads + 1, free cores)): the batch thread
+             works beside the pool's threads, so with one worker thread two cores can be busy
              free cores = cores - trainer's busy cores, at least MIN_CPU_SHARE
   thread   = (the batch thread's CPU time per batch + the hand-off to the trainer per batch) / B
              + the CPU stages' blocked seconds (sleeping, waiting on I/O on the batch thread): one thread
@@ -149,6 +154,8 @@ class PlacementModel:
         blocked_s = sum(c.blocked_s_per_sample for c in costs[:cut])
         core_s = sum(cpu_costs) - blocked_s + per_batch_costs.cpu_s / b
         thread_s = blocked_s + (per_batch_costs.thread_s + per_batch_costs.delivery_s) / b
+        own_s = min(per_batch_costs.thread_s / b, core_s)  # measured at the all-CPU cut: at most this cut's work
+        pool_s = core_s - own_s
         gpu_busy_s = sum(gpu_costs)
         on_gpu = self.uses_gpu(cut)
         gpu_s = gpu_busy_s / max(1.0 - res.trainer_gpu_busy_fraction, 1e-6) if on_gpu else 0.0
@@ -176,7 +183,7 @@ class PlacementModel:
         available = res.gpu.memory_free_bytes + res.gpu_memory_held_bytes if res.gpu else 0.0
         candidates = []
         for threads in thread_counts:
-            cpu_s = core_s / min(threads, res.free_cores)
+            cpu_s = max(pool_s / min(threads, res.free_cores), core_s / min(threads + 1, res.free_cores))
             slowest = max(cpu_s, thread_s, gpu_s, transfer_s, 1e-12)
             bottleneck = "cpu" if slowest == cpu_s else "thread" if slowest == thread_s else \
                 "gpu" if slowest == gpu_s else "transfer"
