@@ -2,9 +2,9 @@
 are dealt to plans of each source (whole batches of it, gathered over consecutive mixed plans, see ``_Split``),
 and every mixed batch is put together from its sources' batches in the plan's order.
 
-The sources' runners run side by side, each on a thread of its own (``_Ahead``, ``prefetch`` batches ahead):
-each pulls its own plans as far ahead as it reads (``_Split`` hands them out, reading the mixed plans as far as
-the furthest runner asks), so their work and their waits overlap instead of adding up. Each source
+The sources' runners run side by side, each on a thread of its own (a ``BackgroundStream``, ``prefetch`` batches
+ahead): each pulls its own plans as far ahead as it reads (``_Split`` hands them out, reading the mixed plans as
+far as the furthest runner asks), so their work and their waits overlap instead of adding up. Each source
 runner makes every plan's batch from that plan alone (``SkipFill.PADDING``), so a source's k-th batch is its
 k-th plan's; a sample left out (``on_error="skip"``) leaves its place in the mixed batch invalid. On the CPU
 the outputs are copied into place (a batch's bytes once more: 16 ms for 64 float32 224x224 images on 2 busy cores).
@@ -12,7 +12,6 @@ the outputs are copied into place (a batch's bytes once more: 16 ms for 64 float
 from __future__ import annotations
 
 import dataclasses
-import queue
 import threading
 from collections import deque
 from typing import Any, Callable, Iterator
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 
 from ...pipelines.mix import MixSpec
+from ..background import BackgroundStream
 from ..sampler import BatchPlan
 from ..sources.mixed import MixedSources, MixPlan, part_seed
 from .buffers import BufferRing
@@ -140,85 +140,6 @@ class _Split:
             return self._made.popleft()
 
 
-class _Ahead:
-    """One source runner's batches made on a thread of its own, up to ``depth`` ahead of the taker. On a CUDA
-    device the thread works on a CUDA stream of its own and the taker's stream waits for each batch's work."""
-
-    _END = object()
-
-    def __init__(self, batches: Callable[[], Iterator], depth: int, device: torch.device, name: str):
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._cuda = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._thread = threading.Thread(target=self._run, args=(batches,), name=f"feedline-mix-{name}", daemon=True)
-        self._thread.start()
-
-    def _run(self, batches) -> None:
-        try:
-            if self._cuda is not None:
-                torch.cuda.set_stream(self._cuda)
-            made = batches()
-            try:
-                for batch, _ in made:
-                    event = None
-                    if self._cuda is not None:
-                        event = torch.cuda.Event()
-                        event.record(self._cuda)
-                    if not self._put((batch, event)):
-                        return
-            finally:
-                made.close()
-            self._put((self._END, None))
-        except BaseException as exc:  # raised again on the taker's thread
-            self._put((exc, None))
-
-    def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def next(self) -> dict:
-        while True:
-            try:
-                batch, event = self._queue.get(timeout=0.5)
-                break
-            except queue.Empty:
-                if not self._thread.is_alive() and self._queue.empty():
-                    raise RuntimeError("a mix's source runner thread ended without a batch or an error") from None
-        if batch is self._END:
-            raise RuntimeError("a mix's source runner ended before the mix's plans did")
-        if isinstance(batch, BaseException):
-            raise batch
-        if event is not None:
-            taker = torch.cuda.current_stream(self._cuda.device)
-            taker.wait_event(event)
-            _record(batch, taker)
-        return batch
-
-    def close(self) -> None:
-        self._stop.set()
-        while self._thread.is_alive():
-            try:
-                self._queue.get(timeout=0.05)
-            except queue.Empty:
-                pass
-        self._thread.join()
-
-
-def _record(value, stream) -> None:
-    """Tell the caching allocator that ``stream`` uses the tensors of ``value`` (made on another stream)."""
-    if isinstance(value, torch.Tensor):
-        if value.is_cuda:
-            value.record_stream(stream)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _record(item, stream)
-
-
 def _threads(total: int, weight: float) -> int:
     """A source runner's share of the placement's threads (its weight's, at least one): the sources run side by
     side, and each runner's threads beside the others' would oversubscribe the cores."""
@@ -253,8 +174,11 @@ class MixRunner:
     def batches(self, plans: Iterator[MixPlan], timer: StageTimer = NO_TIMER
                 ) -> Iterator[tuple[dict, BatchInfo]]:
         split = _Split(iter(plans), len(self.runners), self.config.batch_size)
-        made = [_Ahead(lambda r=runner, k=k: r.batches(split.stream(k)), self.config.prefetch, self.config.device,
-                       name) for k, (runner, name) in enumerate(zip(self.runners, self.spec.names))]
+        device = self.config.device
+        made = [BackgroundStream(lambda r=runner, k=k: r.batches(split.stream(k)), self.config.prefetch,
+                                 cuda=device if device.type == "cuda" else None,
+                                 describe=lambda name=name: f"making a batch of the mix's source {name!r}")
+                for k, (runner, name) in enumerate(zip(self.runners, self.spec.names))]
         current: list = [None] * len(self.runners)  # per source: (its plan's number, batch, rows, good)
         counted = [0] * len(self.runners)
         try:
@@ -264,7 +188,9 @@ class MixRunner:
                 for piece in pieces:
                     s = piece.source
                     while current[s] is None or current[s][0] < piece.sub:
-                        batch = made[s].next()
+                        batch, _ = next(made[s], (None, None))
+                        if batch is None:
+                            raise RuntimeError("a mix's source runner ended before the mix's plans did")
                         rows, good = _rows_of(batch, split.issued[s].popleft().indices)
                         current[s] = (counted[s], batch, rows, good)
                         counted[s] += 1
@@ -275,8 +201,8 @@ class MixRunner:
                 batch = merge(plan, parts, self.spec.outputs, self._outputs.empty)
                 yield batch, BatchInfo(plan.epoch, plan.start + plan.indices.size, plan.last)
         finally:
-            for ahead in made:
-                ahead.close()
+            for stream in made:
+                stream.close()
 
     def profile(self, plans: list[MixPlan]) -> StageTimes:
         """Each source's runner profiled on its share of the plans; the first source's stage names carry the
