@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 from ...pipelines.tabular import Column, ColumnKind
 from .table_rows import ListColumn
@@ -526,7 +527,24 @@ _BELOW_0, _ABOVE_9 = _U((0x80 - 0x30) * 0x0101010101010101), _U((0x7F - 0x39) * 
 _BELOW_A, _ABOVE_F = _U((0x80 - 0x61) * 0x0101010101010101), _U((0x7F - 0x66) * 0x0101010101010101)
 _KEEP = np.array([((1 << 64) - 1) ^ ((1 << (8 * (8 - n))) - 1) for n in range(9)], dtype=np.uint64)
 _S4, _S6, _S8, _S16, _S32 = _U(4), _U(6), _U(8), _U(16), _U(32)
-_U9, _U10, _U100, _U10000, _U0 = _U(9), _U(10), _U(100), _U(10000), _U(0)
+_U9, _U10, _U100, _U10000, _U0, _U1 = _U(9), _U(10), _U(100), _U(10000), _U(0), _U(1)
+_LOW_7 = _U(0x7F7F7F7F7F7F7F7F)
+_TO_SPACE = _U(0x6060606060606060)  # added to a byte's low 7 bits, sets its bit 7 from 0x20 on
+_TABS = _U(0x0909090909090909)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _zero_bytes(x):
+    """Bit 7 of each byte of ``x`` that is zero, and no other bit (exact: no carry crosses a byte)."""
+    return ~(((x & _LOW_7) + _LOW_7) | x) & _HIGH_BITS
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _not_ord(x, delimiters):
+    """Bit 7 of each byte of ``x`` that a layout's ``classes`` does not call ORD: a byte below 0x20 other than a
+    tab (a control character or the newline), or the delimiter (``delimiters``: it in every byte)."""
+    below_space = ~(((x & _LOW_7) + _TO_SPACE) | x) & _HIGH_BITS
+    return (below_space & ~_zero_bytes(x ^ _TABS)) | _zero_bytes(x ^ delimiters)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -557,22 +575,31 @@ def _hex_word(x, keep):
 
 @njit(nogil=True, cache=True, inline="always")
 def _fast_line(b, words, q, row, kinds, slots, seeds, required, classes, hex_digits, quoting, crlf, list_delimiter, pow10,
-               ints, floats, missing, lists, list_counts, seps, keep):
+               ints, floats, missing, lists, list_counts, seps, keep, delimiters):
     """The line at b[q] (q >= 8) when every field is well formed and unquoted: its values into the blocks ->
     the next line's start, or -1 when anything is off (the caller then parses the line carefully). The
-    separators are found first; then each field, its length known, is converted (integers of up to 8 digits
-    with one word, SWAR)."""
+    separators (the bytes ``classes`` does not call ORD) are found first, eight bytes at a time (``_not_ord``;
+    ``delimiters``: the delimiter in every byte); then each field, its length known, is converted (integers of
+    up to 8 digits with one word, SWAR)."""
     num_fields = kinds.size
     num_ints = ints.shape[1]
     n = 0
     i = q
     end = b.size
-    while n < num_fields and i < end:
-        seps[n] = i
-        n += classes[b[i]] != ORD
-        i += 1
+    while n < num_fields and i <= end - 8:  # eight bytes at a time
+        hits = _not_ord(words[i], delimiters)
+        while hits and n < num_fields:
+            seps[n] = i + (np.int64(trailing_zeros(hits)) >> 3)
+            n += 1
+            hits &= hits - _U1
+        i += 8
     if n < num_fields:
-        return -1
+        while n < num_fields and i < end:
+            seps[n] = i
+            n += classes[b[i]] != ORD
+            i += 1
+        if n < num_fields:
+            return -1
     s = q
     for j in range(num_fields):
         e = seps[j]
@@ -739,6 +766,7 @@ def _parse(b, words, rows, kinds, slots, seeds, required, classes, hex_digits, d
     fallbacks = _ZERO
     end_of_data = b.size
     fast = words.size > 0
+    delimiters = _U(delimiter) * _BYTE_ONES
     q = _ZERO
     for row in range(rows):
         if q >= end_of_data:
@@ -750,7 +778,8 @@ def _parse(b, words, rows, kinds, slots, seeds, required, classes, hex_digits, d
         after = -1
         if fast and q >= 8:
             after = _fast_line(b, words, q, row, kinds, slots, seeds, required, classes, hex_digits, quoting, crlf,
-                               list_delimiter, pow10, ints, floats, missing, lists, list_counts, seps, keep)
+                               list_delimiter, pow10, ints, floats, missing, lists, list_counts, seps, keep,
+                               delimiters)
         if after >= 0:
             q = after
             err[row] = OK
