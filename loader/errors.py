@@ -23,8 +23,8 @@ class PlacementError(ValueError):
 @dataclass(frozen=True)
 class Skipped:
     """One sample left out with ``on_error="skip"``: where it is (file, ``file:line``, or shard and member),
-    why, and, for a sample that had a dataset index when it was met, that index and the epoch. Rows that a
-    tabular source rejects when it opens its files are left out of the numbering: no index, no epoch."""
+    why, and, for a sample that had a dataset index when it was met, that index and the epoch. A file that a
+    tabular source leaves out when it opens its files (an empty one) holds no numbered row: no index, no epoch."""
 
     where: str
     reason: str
