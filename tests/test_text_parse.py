@@ -276,6 +276,21 @@ def test_random_bytes_never_misparse(cols, raw, csv):
     check_against_reference(lines, Layout(cols, CSV if csv else TSV))
 
 
+@pytest.mark.parametrize("name", sorted(SYNTAXES))
+def test_every_byte_at_every_place_of_a_word(name):
+    """The parser finds a line's separators eight bytes at a time: each byte value but the newline, put at each
+    place of the first 16 bytes of a good line (so at every place within a word, and across a word's edge), is
+    read as the reference reads it: a delimiter, a control character, or part of a field."""
+    syntax = SYNTAXES[name]
+    cols = (Column("s", K.STRING, hash_seed=3), Column("i", K.INT), Column("h", K.HEX), Column("t", K.STRING))
+    good = syntax.delimiter.encode().join([b"abcdefg", b"1234", b"1f2e3d", b"xyz"])
+    lines = [good]  # a first line, so that every line below starts past the first word of the chunk
+    for byte in range(256):
+        if byte != 0x0A:
+            lines += [good[:at] + bytes([byte]) + good[at:] for at in range(17)]
+    check_against_reference(lines, Layout(cols, syntax))
+
+
 def test_header_layout_skips_undeclared_fields():
     declared = (Column("b", K.FLOAT), Column("d", K.STRING, hash_seed=7))
     layout = Layout(declared, CSV, fields=(None, declared[0], None, declared[1]), names=("a", "b", "c", "d"))
