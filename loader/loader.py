@@ -83,7 +83,7 @@ class Loader:
         self._runner: Runner = self._opened.runner(self.config, self.placer.remote_workers)
         self.cursor = Cursor()
         self.epoch_summaries: dict[int, dict[str, int]] = {}
-        self.meter = DeliveryMeter()  # what the trainer got and waited for over its last batches (``stats``)
+        self.meter = DeliveryMeter(self.placer.waits)  # the last batches (``stats``), on the scheduler's clock
         self._stream = EpochStream()
         self._iterations = Iterations()
         self._process = ProcessGuard()
@@ -192,7 +192,7 @@ class Loader:
         self._process.check()
         while True:
             try:
-                with self.meter.waiting(), self.placer.waiting():
+                with self.meter.waiting():
                     return self._stream.next()
             except Exception as exc:
                 if not self.placer.fall_back(exc):

@@ -7,47 +7,46 @@ profiling), with where they come from.
 """
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections import deque
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager
 
 from ..pipelines.validate import positive_int, positive_seconds
+from .placement.monitors import WaitMonitor
 
 
 class DeliveryMeter:
-    """What the trainer got over its last ``window`` batches: how long it waited in ``next()`` for each, and when.
-    The Loader calls ``with meter.waiting(): ...`` around taking a batch, then ``delivered(samples)``."""
+    """What the trainer got over its last ``window`` batches: how long it waited in ``next()`` for each, and when,
+    read from ``monitor``, the one clock of the trainer's waits (the Loader's: its placement controller's, which
+    the scheduler reads too; a new one of this meter's own when none is given, ``clock`` its clock). The Loader
+    calls ``with meter.waiting(): ...`` around taking a batch, then ``delivered(samples)``."""
 
-    def __init__(self, window: int = 256, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, monitor: WaitMonitor | None = None, *, window: int = 256,
+                 clock: Callable[[], float] = time.perf_counter):
         positive_int("window", window)
-        if not callable(clock):
-            raise TypeError(f"clock must be callable (e.g. time.perf_counter), got {type(clock).__name__}")
-        self._clock = clock
-        self._batches: deque[tuple[float, float, int]] = deque(maxlen=window)  # (asked, got, samples)
-        self._asked: float | None = None
-        self._got: float | None = None
+        if monitor is None:
+            monitor = WaitMonitor(clock=clock, kept=window)
+        elif not isinstance(monitor, WaitMonitor):
+            raise TypeError(f"monitor must be a WaitMonitor or None, got {type(monitor).__name__}")
+        self.monitor = monitor
+        self.window = min(window, monitor.kept)
+        self._mark = monitor.count
 
-    @contextlib.contextmanager
-    def waiting(self) -> Iterator[None]:
-        asked = self._clock()
-        yield
-        self._asked, self._got = asked, self._clock()
+    def waiting(self) -> ContextManager[None]:
+        return self.monitor.waiting()
 
     def delivered(self, samples: int) -> None:
-        if self._got is not None:
-            self._batches.append((self._asked, self._got, samples))
-            self._asked = self._got = None
+        self.monitor.delivered(samples)
 
     def reset(self) -> None:
         """Forget the window (after a pause the trainer made on purpose: evaluation, a checkpoint)."""
-        self._batches.clear()
+        self._mark = self.monitor.count
 
     def reading(self) -> dict[str, Any]:
         """``delivered_samples_per_s`` and ``trainer_wait_share`` over the window, from the first batch's delivery
         to the last's (None until two batches came), and ``batches`` in it."""
-        batches = list(self._batches)
+        batches = [(asked, got, n) for asked, got, _, n in self.monitor.since(self._mark) if n is not None]
+        batches = batches[-self.window:]
         if len(batches) < 2:
             return {"batches": len(batches), "window_s": 0.0, "delivered_samples_per_s": None,
                     "trainer_wait_share": None}

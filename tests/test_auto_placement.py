@@ -2,6 +2,7 @@
 the middle of an epoch that neither loses nor repeats a sample."""
 import dataclasses
 
+import pytest
 import torch
 
 from feedline.loader import Loader
@@ -136,13 +137,14 @@ def test_a_replan_that_moves_the_cut_mid_epoch_delivers_the_cpu_batches(image_di
         idle, busy = CpuReading(20.0, 25.0, CORES), CpuReading(100.0, 100.0, CORES)
         auto.cpu = ScriptedMonitor([idle] * BUSY_FROM + [busy])
         auto.gpu = ScriptedMonitor([GpuReading(0.1, 60 * GiB, 80 * GiB)])
-        auto.wait = WaitMonitor(clock=ManualClock(tick=1e-3))  # the trainer waits 1 ms and steps 1 ms
         auto.scheduler.confirm = 2
         auto.scheduler.min_interval_s = 0.0
         made.append(auto)
         return auto
 
     monkeypatch.setattr(controller_module, "AutoPlacement", auto_placement)
+    # the trainer waits 1 ms and steps 1 ms, on the one clock the Loader and its scheduler share
+    monkeypatch.setattr(controller_module, "WaitMonitor", lambda: WaitMonitor(clock=ManualClock(tick=1e-3)))
     loader = Loader(spec, batch_size=4, placement="auto", seed=3, num_threads=1)
     try:
         assert len(made) == 1 and loader.device.type == "cuda"
@@ -152,6 +154,7 @@ def test_a_replan_that_moves_the_cut_mid_epoch_delivers_the_cpu_batches(image_di
             cuts.append(loader.cut)
             clock.now += DT   # the trainer's step
         plan = loader.plan
+        assert made[0].wait is loader.meter.monitor and made[0].wait.sample().mean_wait_s == pytest.approx(1e-3)
     finally:
         loader.close()
 

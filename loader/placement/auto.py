@@ -35,11 +35,12 @@ class AutoPlacement:
     for a configuration over the Loader's opened source, ``orders`` that source's order for a batch size and
     seed. Probes and profiling run on runners and orders of their own, never on the Loader's. ``cuts``: those
     the scheduler may choose (default every valid cut; ``controller.PlacementController`` narrows them); ``gpu``:
-    whether the machine has a usable GPU (default: ask CUDA)."""
+    whether the machine has a usable GPU (default: ask CUDA); ``wait``: the clock of the trainer's waits it reads
+    (default: one of its own)."""
 
     def __init__(self, spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, orders: OrderFactory,
                  cores: int, *, replan_every_s: float = REPLAN_EVERY_S, clock: Callable[[], float] = time.monotonic,
-                 cuts: Sequence[int] | None = None, gpu: bool | None = None):
+                 cuts: Sequence[int] | None = None, gpu: bool | None = None, wait: WaitMonitor | None = None):
         device, batch_size = config.device, config.batch_size
         self.gpu_present = gpu_available() if gpu is None else gpu
         on_gpu = device.type == "cuda" and self.gpu_present
@@ -54,7 +55,7 @@ class AutoPlacement:
         self.cpu = PsutilCpuMonitor()
         self.gpu = NvmlGpuMonitor.create(device.index or 0) if on_gpu else NoGpu("batches are delivered on the CPU"
                                                                                  if self.gpu_present else "no GPU")
-        self.wait = WaitMonitor()
+        self.wait = WaitMonitor() if wait is None else wait  # the trainer's waits (the controller's clock)
         self.replan_every_s = replan_every_s
         self.profile: Profile | None = None
         self.thread_check: dict[int, float] = {}

@@ -2,13 +2,12 @@
 threads and prefetch depth, the remote workers used, and the move to the CPU when the GPU fails."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import warnings
 import weakref
 from collections.abc import Mapping
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable
 
 import torch
 
@@ -19,6 +18,7 @@ from ..runners.contract import RunnerConfig
 from ..runners.remote import RayWorkers
 from .auto import AutoPlacement
 from .decision import PlacementDecision
+from .monitors import WaitMonitor
 from .profiler import OrderFactory, RunnerFactory
 from .remote_decision import RemoteDecision, measure_and_decide, remote_report
 from .resolve import resolve, uses_gpu
@@ -70,6 +70,8 @@ class PlacementController:
         self.remote_decision: RemoteDecision | None = None
         self.fallbacks: list[str] = []
         self.auto: AutoPlacement | None = None
+        # the one clock of the trainer's waits: the scheduler reads it, and the Loader's live figures (its meter)
+        self.waits = WaitMonitor()
         self.config: RunnerConfig | None = None  # set by attach
         self._initial = (cut, self._device_for(cut, device or torch.device("cpu")))
         self._follow: Callable[[RunnerConfig], None] = lambda config: None
@@ -89,7 +91,7 @@ class PlacementController:
         self.config, self._follow, self._group_rows = config, follow, group_rows
         if self.automatic:
             self.auto = AutoPlacement(self.pipeline, config, runners, orders, config.num_threads,
-                                      cuts=self._auto_cuts(), gpu=self.gpu)
+                                      cuts=self._auto_cuts(), gpu=self.gpu, wait=self.waits)
         log.info("feedline: %s placement %s (%s)", self.pipeline.name, self.pipeline.describe_cut(self.cut),
                  ", ".join(f"{k}={v}" for k, v in self.stages.items()))
 
@@ -146,10 +148,6 @@ class PlacementController:
         if self.remote_decision.workers:
             self.remote_workers = dataclasses.replace(self.remote, num_workers=self.remote_decision.workers)
             self._move(self.cut, self.threads, self.prefetch)  # the runner made so far does not deal plans out
-
-    def waiting(self) -> ContextManager:
-        """Around the trainer's wait for a batch: under ``"auto"``, timed for the scheduler."""
-        return self.auto.wait.waiting() if self.auto is not None else contextlib.nullcontext()
 
     def delivered(self, samples: int) -> None:
         """A batch of ``samples`` went to the trainer: under ``"auto"``, re-plan when it is time."""

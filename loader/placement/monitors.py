@@ -213,37 +213,42 @@ class ScriptedMonitor(Generic[T]):
 
 
 class WaitMonitor:
-    """How long the trainer waits for batches and how long it works between them.
+    """The one clock of the trainer's waits: when it asked for each batch, when it got it, how long it worked
+    before asking (its step) and, where the Loader says so, how many samples the batch delivered. The scheduler
+    reads the last ``window`` batches (``sample``), the Loader's live figures (``stats.DeliveryMeter``) the last
+    ``kept`` ones, each from a mark of its own, so neither's reset moves the other's window.
 
     The loader calls ``wait_started()`` when the trainer asks for a batch and ``wait_ended()`` when it hands
-    the batch over; the time from handing a batch over to the next request is the trainer's step. Only the
-    last ``window`` batches count. Call ``reset()`` across pauses (an epoch's evaluation, a re-plan) so a
-    pause is not read as a long step.
+    the batch over (or ``with monitor.waiting(): ...``), then ``delivered(samples)``; the time from handing a
+    batch over to the next request is the trainer's step. Call ``reset()`` across pauses (an epoch's evaluation,
+    a re-plan) so a pause is not read as a long step and the scheduler's window starts anew.
     """
 
-    def __init__(self, window: int = 64, clock: Callable[[], float] = time.perf_counter):
-        window = positive_int("window", window)
+    def __init__(self, window: int = 64, clock: Callable[[], float] = time.perf_counter, kept: int = 256):
+        self.window = positive_int("window", window)
         if not callable(clock):
             raise TypeError(f"clock must be callable (e.g. time.perf_counter), got {type(clock).__name__}")
         self._clock = clock
-        self._waits: deque[float] = deque(maxlen=window)
-        self._steps: deque[float] = deque(maxlen=window)
+        self.kept = max(positive_int("kept", kept), self.window)
+        # per batch [asked, got, step before it (None: none known), samples delivered (None: not said)]
+        self._batches: deque[list] = deque(maxlen=self.kept)
+        self.count = 0         # batches timed so far: readers mark where their window starts by it
+        self._mark = 0         # where the scheduler's window starts
         self._waiting_since: float | None = None
         self._handed_over_at: float | None = None
 
     def wait_started(self) -> None:
         if self._waiting_since is not None:
             raise RuntimeError("wait_started() called twice without wait_ended() in between")
-        now = self._clock()
-        if self._handed_over_at is not None:
-            self._steps.append(max(0.0, now - self._handed_over_at))
-        self._waiting_since = now
+        self._waiting_since = self._clock()
 
     def wait_ended(self) -> None:
         if self._waiting_since is None:
             raise RuntimeError("wait_ended() called without wait_started()")
-        now = self._clock()
-        self._waits.append(max(0.0, now - self._waiting_since))
+        now, asked = self._clock(), self._waiting_since
+        step = None if self._handed_over_at is None else max(0.0, asked - self._handed_over_at)
+        self._batches.append([asked, max(now, asked), step, None])
+        self.count += 1
         self._waiting_since = None
         self._handed_over_at = now
 
@@ -259,14 +264,26 @@ class WaitMonitor:
             raise
         self.wait_ended()
 
+    def delivered(self, samples: int) -> None:
+        """The batch last handed over delivered ``samples`` samples to the trainer."""
+        if self._batches:
+            self._batches[-1][3] = samples
+
     def reset(self) -> None:
-        self._waits.clear()
-        self._steps.clear()
+        self._mark = self.count
         self._waiting_since = None
         self._handed_over_at = None
 
+    def since(self, mark: int) -> list[tuple[float, float, float | None, int | None]]:
+        """``(asked, got, step before, samples)`` of each batch timed from the ``mark``-th on, as far back as
+        it keeps them."""
+        kept = list(self._batches)
+        return [tuple(b) for b in kept[max(0, len(kept) - (self.count - mark)):]]
+
     def sample(self) -> WaitReading:
-        waits, steps = list(self._waits), list(self._steps)
+        batches = self.since(self._mark)[-self.window:]
+        waits = [got - asked for asked, got, _, _ in batches]
+        steps = [step for _, _, step, _ in batches if step is not None]
         mean_wait = sum(waits) / len(waits) if waits else 0.0
         stdev = math.sqrt(sum((w - mean_wait) ** 2 for w in waits) / len(waits)) if waits else 0.0
         return WaitReading(mean_wait_s=mean_wait, mean_step_s=sum(steps) / len(steps) if steps else 0.0,
