@@ -1,12 +1,15 @@
 """The library's shape (issue 19), checked on every run instead of once by hand: no class over 250 lines, no two
-modules with the same file name, no private attribute of the Loader read outside ``loader/``, and a README
-"Architecture" section that names only modules, classes and shared leaves the code has.
+modules with the same file name, no private attribute of the Loader read outside ``loader/``, ``feedline.ops`` and
+the scheduler importable without DALI, CuPy or numba, and a README "Architecture" section that names only modules,
+classes and shared leaves the code has.
 
 Each check is a function over a folder, so the tests at the end plant a tree that breaks it and see it fail."""
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -123,6 +126,18 @@ def test_the_architecture_section_agrees_with_the_code():
     section = architecture_section((ROOT / "README.md").read_text())
     folders = [*installed_folders().values(), *USERS]
     assert architecture_mismatches(ROOT, folders, section, SHARED_LEAVES) == []
+
+
+def test_ops_and_the_scheduler_import_without_dali_cupy_or_numba():
+    """Kernels load on first use: importing ``feedline.ops`` and the scheduler (what the GPU check machine, which
+    has no DALI, runs) loads none of DALI, CuPy and numba."""
+    code = ("import sys\n"
+            "sys.modules['nvidia.dali'] = sys.modules['cupy'] = None\n"
+            "import feedline.ops, feedline.loader.placement.scheduler\n"
+            "print(sorted(m for m in ('nvidia.dali', 'cupy', 'numba') if sys.modules.get(m) is not None))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "[]"
 
 
 # ---- the checks fail on planted trees ----------------------------------------------------------------------------
