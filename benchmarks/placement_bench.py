@@ -64,8 +64,11 @@ def bench_placements(spec: PipelineSpec, *, batch_size: int, batches: int = 20, 
                 next(stream)
             bar.update(1)
         setup_s = time.perf_counter() - began
-        # read after the warm-up: the auto loader chooses its prefetch depth at its first iteration
-        untimed = max([l.prefetch for l in loaders] + [default_readahead if default is not None else 1])
+        # read after the warm-up: the auto loader chooses its prefetch depth at its first iteration. A Loader reads
+        # ahead its queue (prefetch), its runner's own (DALI's prefetch queue holds as many) and the batch in its
+        # batch thread's hands: counted as made in a round, they had made 8-batch rounds ~1.3x too fast, by as
+        # much as the queues had filled, and auto / best static noisy by +-0.11 to 0.16 (two standard errors)
+        untimed = max([2 * l.prefetch + 1 for l in loaders] + [default_readahead if default is not None else 1])
         per_round = max(batches // rounds, ROUND_OVER_READAHEAD * untimed)
 
         def turn(name: str) -> float:

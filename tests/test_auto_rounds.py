@@ -157,6 +157,9 @@ def test_the_bench_reports_rounds_and_spread(image_dir, monkeypatch):
     result = placement_bench.bench_placements(image.val(image_dir, size=32), batch_size=4, batches=2, rounds=2,
                                               max_rounds=3, tolerance=0.0, progress=False)
     assert result["rounds"] == 3 and result["stable"] is False  # no spread is within 0: ran to the cap
+    # each Loader's whole read-ahead is taken untimed (its queue, its runner's DALI queue, the batch in hand)
+    assert result["untimed_batches_per_round"] == 2 * result["auto_prefetch"] + 1
+    assert result["batches_per_round"] == 4 * result["untimed_batches_per_round"]
     names = set(result["rates"])
     assert "auto" in names and set(result["spread"]) == names
     for name, rates in result["rates"].items():
