@@ -91,6 +91,9 @@ def profile_loader(loader, *, batches: int = 40, trainer_step_ms: float | str | 
     cache = loader.plan.get("cache")
     if cache is not None:
         notes.append(f"cache: {cache['reason']}")  # whether the deterministic prefix is cached, and why
+    changed = advice.cache_change(*measured.cache)
+    if changed:
+        notes.append(changed)
     profile = Profile(
         pipeline=spec.name, batch_size=loader.batch_size, device=str(loader.device),
         placement={"placement": spec.describe_cut(cut), "cut": cut, "threads": threads, "prefetch": loader.prefetch,
@@ -123,6 +126,7 @@ def _measured(measured, model) -> dict[str, Any]:
     capacity, loaded = measured.capacity, measured.loaded
     out: dict[str, Any] = {
         "capacity_samples_per_s": capacity.samples_per_s,
+        "cache_before": measured.cache[0], "cache_after": measured.cache[1],
         "predicted_samples_per_s": model.current.prediction.samples_per_s if model.current is not None else None,
         "batches": capacity.batches,
         "trainer_step_ms": measured.step_ms if loaded is not None else None,

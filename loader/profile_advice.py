@@ -224,3 +224,18 @@ def _us(ms: float) -> str:
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else 1000.0 * seconds
+
+
+def cache_change(before: dict | None, after: dict | None) -> str | None:
+    """Words for a cache whose state changed while the capacity was measured (decided, filled, dropped), else
+    None: the measured rate then mixes two states, while the stage costs are those the profile measured."""
+    if before is None or after is None or before == after:
+        return None
+
+    def state(c: dict) -> str:
+        held = f", {c['samples_held']:,} samples held" if "samples_held" in c else ""
+        return f"{'in use' if c.get('use') else 'not in use'}{held}"
+
+    return (f"cache changed while the capacity was measured ({state(before)} -> {state(after)}): the measured rate "
+            f"mixes the two states; the stage costs and predictions are as profiled, with the cache as it was then; "
+            f"profile again once an epoch has run (or with cache='off') to compare like with like")

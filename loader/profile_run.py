@@ -105,6 +105,7 @@ class Measured:
     loaded: Run | None        # under the trainer's step, when there is one
     headroom: Run | None      # the trainer's step on batches already made
     step_ms: float | None     # the simulated step, when one was given or chosen (auto)
+    cache: tuple[dict | None, dict | None] = (None, None)  # the cache's state before and after the capacity run
 
 
 def measure(loader, *, batches: int, trainer_step_ms: float | str | None = None,
@@ -122,7 +123,9 @@ def measure(loader, *, batches: int, trainer_step_ms: float | str | None = None,
     try:
         for _ in range(1 + loader.prefetch):  # the first iteration places the pipeline (auto) and warms it up
             next(stream)
+        cache_before = cache_state(loader)
         capacity = timed(stream, batches, None, sync)
+        cache_after = cache_state(loader)
         step, step_ms = train_step, None
         if trainer_step_ms is not None:
             step_ms = 1000.0 * capacity.seconds / capacity.batches if trainer_step_ms == AUTO else trainer_step_ms
@@ -144,7 +147,15 @@ def measure(loader, *, batches: int, trainer_step_ms: float | str | None = None,
         if meter is not None:  # the trainer's live figures do not count the profile's batches
             meter.reset()
     headroom = timed(_replay(held), batches, step, sync) if held else None
-    return Measured(capacity, loaded, headroom, step_ms)
+    return Measured(capacity, loaded, headroom, step_ms, (cache_before, cache_after))
+
+
+def cache_state(loader) -> dict | None:
+    """Whether the loader's cache of its deterministic prefix is in use now, why, and (images) how much it holds."""
+    report = loader.plan.get("cache")
+    if not report:
+        return None
+    return {k: report[k] for k in ("use", "reason", "samples_held") if k in report}
 
 
 def _replay(held: list) -> Iterator:

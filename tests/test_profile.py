@@ -15,6 +15,7 @@ import torch
 from feedline.cli import main
 from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.loader import Loader
+from feedline.loader import profile_advice
 from feedline.loader.devices import available_cores, gpu_available
 from feedline.loader.profile import last_profile, profile_loader
 from feedline.loader.stats import DeliveryMeter, log_stats, loader_stats
@@ -356,3 +357,20 @@ def test_auto_placement_profiles_only_the_samples_it_makes(image_dir):
         assert loader.plan["profile_samples"] == 3 * 8  # 3 batches after a warm-up one, of 37 images
         profile = profile_loader(loader, batches=2)
     assert profile.placement["chosen_by"] == "auto" and "chosen by auto" in profile.table()
+
+
+def test_a_cache_that_changes_while_the_capacity_is_measured_is_said(image_dir):
+    with Loader(image.val(image_dir, size=32), 4, placement="cpu", cache="on") as loader:
+        profile = profile_loader(loader, batches=2 * len(loader))  # the first epoch fills the cache, the next reads it
+    before, after = profile.measured["cache_before"], profile.measured["cache_after"]
+    assert before["samples_held"] < after["samples_held"] == len(loader.source) and after["use"]
+    note = next(n for n in profile.notes if n.startswith("cache changed while the capacity was measured"))
+    assert f"in use, {after['samples_held']:,} samples held)" in note and "mixes the two states" in note
+
+
+def test_an_unchanged_cache_adds_no_note():
+    state = {"use": True, "reason": "cached: cache='on' and it fits", "samples_held": 10}
+    assert profile_advice.cache_change(state, dict(state)) is None
+    assert profile_advice.cache_change(None, state) is None
+    assert "(not in use -> in use)" in profile_advice.cache_change({"use": False, "reason": "not decided yet"},
+                                                                   {"use": True, "reason": "cached"})
