@@ -30,6 +30,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     profile.add_argument("--batch-size", type=positive_int, default=None)
     profile.add_argument("--batches", type=positive_int, default=40, help="batches timed per measurement")
     profile.add_argument("--output", choices=("float", "uint8"), default="float", help="image output format")
+    profile.add_argument("--cache", choices=("auto", "on", "off"), default="auto",
+                         help="the Loader's cache of the deterministic prefix (decoded images, a text table's parsed "
+                              "chunks); 'off' profiles every sample recomputed, the same state throughout")
     profile.add_argument("--trainer-step-ms", type=trainer_step, default=None, metavar="MS|auto",
                          help="also measure under a simulated trainer that sleeps MS per batch (auto: the loader's "
                               "own batch time): the delivered rate, the trainer's waits and the headroom")
@@ -48,7 +51,8 @@ def run(parser: argparse.ArgumentParser, args) -> dict:
     batch_size = batch_size_of(args.pipeline, args.batch_size)
     device = device_for(args.placement)
     out = Path(args.out)
-    with Loader(spec, batch_size, placement=args.placement, device=device, last_batch="drop") as loader:
+    with Loader(spec, batch_size, placement=args.placement, device=device, last_batch="drop",
+                cache=args.cache) as loader:
         out.mkdir(exist_ok=True)  # once the arguments made a Loader: a refused run leaves no folder behind
         profile = profile_loader(loader, batches=args.batches, trainer_step_ms=args.trainer_step_ms)
     (out / "profile.json").write_text(profile.to_json())

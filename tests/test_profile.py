@@ -237,6 +237,14 @@ def test_the_command_writes_both_files_and_prints_the_table(image_dir, tmp_path,
     assert (out / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_command_profiles_with_the_cache_fixed_off(image_dir, tmp_path):
+    out = tmp_path / "profile"
+    assert main(["profile", "--pipeline", "image-val", "--data", str(image_dir), "--placement", "cpu",
+                 "--batch-size", "8", "--batches", "6", "--cache", "off", "--out", str(out)]) == 0
+    measured = json.loads((out / "profile.json").read_text())["measured"]
+    assert measured["cache_before"] == measured["cache_after"] == {"use": False, "reason": "not cached: cache='off'"}
+
+
 def test_without_matplotlib_the_command_writes_the_json_and_says_how(image_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
     out = tmp_path / "profile"
@@ -252,6 +260,7 @@ def test_without_matplotlib_the_command_writes_the_json_and_says_how(image_dir, 
     (["--trainer-step-ms", "-3"], "argument --trainer-step-ms: expected a number of milliseconds > 0 or 'auto'"),
     (["--placement", "tpu"], "argument --placement: invalid choice: 'tpu'"),
     (["--output", "int8"], "argument --output: invalid choice: 'int8'"),
+    (["--cache", "sometimes"], "argument --cache: invalid choice: 'sometimes'"),
 ])
 def test_bad_flags_are_named(argv, message, image_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
