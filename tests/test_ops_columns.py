@@ -216,6 +216,43 @@ def test_gather_columns_reads_every_type_and_layout(path):
         assert (ids[:, untouched] == -5).all() and (label[untouched] == -5).all(), name
 
 
+def test_gather_columns_reads_records_with_bit_flags(path):
+    """Blocks of row records with bit flags (converted tables' chunks, gathered by their own kernel path): every
+    type, to every target, against the values written, over several tiles, the last row of the block
+    included (its flag bytes end the buffer)."""
+    from feedline.loader.sources.columnar import RecordLayout
+
+    rows = 1500
+    types = [np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.int64, np.float32, np.float64] * 2
+    columns = [some_values(d, rows) for d in types]
+    missing = [rng.random(rows) < 0.3 for _ in types]
+    records = RecordLayout([np.dtype(d) for d in types])
+    data = np.zeros(records.chunk_bytes(rows), dtype=np.uint8)
+    view = data[:rows * records.record].reshape(rows, records.record)
+    for j, values in enumerate(columns):
+        view[:, records.offsets[j]:records.offsets[j] + values.itemsize] = values.view(np.uint8).reshape(rows, -1)
+    flags_at = -(-rows * records.record // 8) * 8
+    bits = np.packbits(np.stack(missing, axis=1), axis=1, bitorder="little")
+    data[flags_at:flags_at + bits.size] = bits.reshape(-1)
+    block = records.block(data, rows, list(range(len(types))))
+    ints = [j for j, d in enumerate(types) if np.dtype(d).kind != "f"]
+    local = np.concatenate([rng.integers(0, rows, 1200), [rows - 1, 0]])
+    positions = rng.permutation(1300)[:local.size]
+    picks = ops.gather_picks(len(types) - 1, list(range(len(types))), ints)
+    label = np.full(1300, -5, np.float32)
+    dense = np.full((len(types), 1300), -5, np.float32)
+    ids = np.full((len(ints), 1300), -5, np.int64)
+    ops.gather_columns(block, picks, local, positions, missing_id=-99, label=label, dense=dense, ids=ids)
+    for j, values in enumerate(columns):
+        want = np.where(missing[j][local], np.float32(np.nan), values[local].astype(np.float32))
+        assert np.array_equal(dense[j, positions].view(np.uint32), want.view(np.uint32)), j
+    for k, j in enumerate(ints):
+        assert np.array_equal(ids[k, positions], np.where(missing[j][local], -99, columns[j][local].astype(np.int64)))
+    assert np.array_equal(label[positions], columns[-1][local].astype(np.float32))
+    untouched = np.setdiff1d(np.arange(1300), positions)
+    assert (ids[:, untouched] == -5).all() and (dense[:, untouched] == -5).all() and (label[untouched] == -5).all()
+
+
 def test_gather_raw_reads_columns_as_stored(path):
     rows = 500
     columns = [some_values(d, rows) for d in DTYPES]
