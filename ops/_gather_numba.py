@@ -486,3 +486,33 @@ def group_by_chunk(rows, first_row, num_rows, chunks, bounds, local, positions):
         local[k] = rows[i] - first_row[chunks[s]]
         positions[k] = i
     return groups
+
+
+@kernel
+def touched_chunks(rows, first_row, num_rows, marks):
+    """``marks[c]`` set for each chunk ``c`` holding one of ``rows`` (``first_row``: each chunk's first row,
+    increasing, the first 0); a shift per row where every chunk but the last holds the same power of two rows
+    (a converted table's), else a search. Returns False, marking nothing, when a row is not in
+    ``[0, num_rows)``."""
+    n = rows.shape[0]
+    for i in range(n):
+        if rows[i] < 0 or rows[i] >= num_rows:
+            return False
+    chunks = first_row.shape[0]
+    step = first_row[1] if chunks > 1 else 0
+    shift = 0
+    while step > 0 and (np.int64(1) << shift) < step:
+        shift += 1
+    uniform = step > 0 and (np.int64(1) << shift) == step
+    for c in range(chunks):
+        uniform = uniform and first_row[c] == c * step
+    if uniform:
+        for i in range(n):
+            marks[min(rows[i] >> shift, chunks - 1)] = True
+        return True
+    top = 1
+    while top * 2 <= chunks:
+        top *= 2
+    for i in range(n):
+        marks[chunk_of(first_row, top, rows[i])] = True
+    return True

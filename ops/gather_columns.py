@@ -176,3 +176,16 @@ def group_by_chunk(rows: np.ndarray, first_row: np.ndarray, num_rows: int, *, ma
     np.cumsum(np.bincount(group, minlength=chunks.size), out=bounds[1:])
     local = rows[positions] - first_row[chunk_of[positions]]
     return chunks, bounds, local.astype(np.int64), positions
+
+
+def touched_chunks(rows: np.ndarray, first_row: np.ndarray, num_rows: int) -> np.ndarray:
+    """The chunks (numbers, increasing) holding any of ``rows`` (1-D int64, each in ``[0, num_rows)``: an
+    ``IndexError`` says otherwise; ``first_row`` as :func:`group_by_chunk` takes it)."""
+    native = kernels("gather")
+    if native is not None and first_row.size:
+        marks = np.zeros(first_row.size, dtype=bool)
+        if native.touched_chunks(rows, first_row, num_rows, marks):
+            return np.flatnonzero(marks)
+    if rows.size and (rows.min() < 0 or rows.max() >= num_rows):
+        raise IndexError(f"rows must lie in [0, {num_rows}), got values in [{rows.min()}, {rows.max()}]")
+    return np.unique(np.searchsorted(first_row, rows, side="right") - 1)

@@ -282,6 +282,21 @@ def test_group_by_chunk_splits_rows_by_chunk_in_order(path, max_groups):
             ops.group_by_chunk(np.array([3, bad, 7]), first_row, 500, max_groups=max_groups)
 
 
+@pytest.mark.parametrize("first_row, num_rows", [
+    (np.array([0, 10, 25, 26, 100, 400]), 500),   # chunks of any size: a search
+    (np.arange(0, 500, 64), 500),                 # a power of two rows each, the last shorter: a shift
+    (np.arange(0, 500, 60), 500),                 # equal, but not a power of two: a search
+    (np.array([0]), 7)])
+def test_touched_chunks_names_each_chunk_holding_a_row(path, first_row, num_rows):
+    first_row = first_row.astype(np.int64)
+    for rows in (rng.integers(0, num_rows, 3000), rng.integers(0, num_rows, 3), np.array([num_rows - 1, 0])):
+        want = np.unique(np.searchsorted(first_row, rows, side="right") - 1)
+        assert gather_module.touched_chunks(rows.astype(np.int64), first_row, num_rows).tolist() == want.tolist()
+    for bad in (-1, num_rows):
+        with pytest.raises(IndexError, match=rf"rows must lie in \[0, {num_rows}\)"):
+            gather_module.touched_chunks(np.array([0, bad, 1]), first_row, num_rows)
+
+
 def test_the_numba_module_spells_the_codes_of_the_python_one():
     numba_side = pytest.importorskip("feedline.ops._gather_numba")
     assert [getattr(numba_side, np.dtype(d).name.upper().replace("UINT", "U").replace("INT", "I")

@@ -25,6 +25,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from ...ops.gather_columns import touched_chunks
 from ...pipelines.spec import PipelineSpec
 from ...pipelines.validate import int_in, positive_int
 from ..errors import PlacementError, Skipped
@@ -77,7 +78,6 @@ class FeatureRunner:
         ahead = window // max(config.batch_size, 1)
         self._warm_ahead = ahead if ahead >= 2 and hasattr(source, "first_row") else 0
         self._warmed = self._prepared if self._prepared is not None else source
-        self._chunk_step = _uniform_step(getattr(source, "first_row", None))
         self._ring = BufferRing(depth + self.prefetch + 4) if self.device.type == "cpu" else None
         # What goes into a batch's buffer: the crossing arrays, or (all on the CPU) the outputs.
         self._batch_arrays = BatchArrays(self._cpu_stages, self._crossing if self.on_gpu else tuple(spec.outputs),
@@ -109,13 +109,7 @@ class FeatureRunner:
         read ahead into the table's cache. The ``parts`` consecutive plans of a shuffled buffer-full each read
         all its chunks, so together they read each once; an epoch's last buffer-full may have fewer plans, so
         its last plan asks for all its chunks."""
-        first_row = self.source.first_row
-        touched = np.zeros(first_row.size, dtype=bool)
-        if self._chunk_step:  # chunks of equal rows (a converted table's): a division, not a search per row
-            touched[plan.indices // self._chunk_step] = True
-        else:
-            touched[np.searchsorted(first_row, plan.indices, side="right") - 1] = True
-        chunks = np.flatnonzero(touched)
+        chunks = touched_chunks(plan.indices, self.source.first_row, self.num_samples)  # (a kernel: no GIL held)
         self._warmed.warm((chunks if plan.last else chunks[chunks % parts == part]).tolist())
 
     # ---- the CPU part ---------------------------------------------------------------------------------
@@ -251,12 +245,3 @@ def _nbytes(value) -> float:
     if isinstance(value, (list, tuple)):
         return float(sum(_nbytes(v) for v in value))
     return float(getattr(value, "nbytes", 0))
-
-
-def _uniform_step(first_row: np.ndarray | None) -> int:
-    """The rows of every chunk but the last where they are all equal (chunk ``c`` then starts at ``c * step``),
-    else 0."""
-    if first_row is None or first_row.size < 2 or first_row[1] <= 0:
-        return 0
-    step = int(first_row[1])
-    return step if np.array_equal(first_row, np.arange(first_row.size, dtype=np.int64) * step) else 0

@@ -65,15 +65,22 @@ class RecordLayout:
             at += self.dtypes[j].itemsize
         self.record = _padded(at)
         self.flag_bytes = -(-len(self.dtypes) // 8)
+        self._blocks: dict[tuple, ops.ColumnBlock] = {}
 
     def chunk_bytes(self, rows: int) -> int:
         return _padded(rows * self.record) + _padded(rows * self.flag_bytes)
 
     def block(self, data: np.ndarray, rows: int, columns: list[int]) -> ops.ColumnBlock:
-        """The ``columns`` of a chunk of ``rows`` rows read into ``data``."""
-        flags_at = _padded(rows * self.record)
-        return ops.ColumnBlock.records(data, [self.dtypes[j] for j in columns], [self.offsets[j] for j in columns],
-                                       self.record, flags_at, columns, self.flag_bytes, rows)
+        """The ``columns`` of a chunk of ``rows`` rows read into ``data`` (the block's layout made once per
+        chunk size: every full chunk has the same)."""
+        key = (rows, tuple(columns))
+        made = self._blocks.get(key)
+        if made is None:
+            flags_at = _padded(rows * self.record)
+            made = self._blocks[key] = ops.ColumnBlock.records(
+                np.zeros(8, np.uint8), [self.dtypes[j] for j in columns], [self.offsets[j] for j in columns],
+                self.record, flags_at, columns, self.flag_bytes, rows)
+        return made._replace(data=data, flags=data)
 
 
 def read_meta(folder: str) -> dict:
