@@ -442,6 +442,35 @@ def chunk_of(first_row, top, row):
     return k
 
 
+MAPPED_CHUNKS = 4096  # up to this many chunks, a row's group is looked up in a map of every chunk
+
+
+@helper
+def power_step(first_row):
+    """``k`` where every chunk but the last holds ``2**k`` rows (chunk ``c`` starts at ``c << k``), else -1."""
+    chunks = first_row.shape[0]
+    if chunks < 2 or first_row[1] <= 0:
+        return -1
+    step = first_row[1]
+    shift = 0
+    while (np.int64(1) << shift) < step:
+        shift += 1
+    if (np.int64(1) << shift) != step:
+        return -1
+    for c in range(chunks):
+        if first_row[c] != c * step:
+            return -1
+    return shift
+
+
+@helper
+def chunk_at(first_row, top, shift, row):
+    """The chunk holding ``row``: a shift where ``power_step`` found one, else a search."""
+    if shift >= 0:
+        return min(row >> shift, first_row.shape[0] - 1)
+    return chunk_of(first_row, top, row)
+
+
 @kernel
 def group_by_chunk(rows, first_row, num_rows, chunks, bounds, local, positions):
     """Rows grouped by the chunk holding them (``first_row``: each chunk's first row, increasing), in order of
@@ -461,16 +490,28 @@ def group_by_chunk(rows, first_row, num_rows, chunks, bounds, local, positions):
     top = 1
     while top * 2 <= first_row.shape[0]:
         top *= 2
+    shift = power_step(first_row)
+    # A map of each chunk's group where there are few chunks (rows of a shuffle buffer-full come from its
+    # chunks at random: a search of the groups met would mispredict at almost every row).
+    mapped = first_row.shape[0] <= MAPPED_CHUNKS
+    group_of = np.full(first_row.shape[0] if mapped else 0, -1, np.int64)
     for i in range(n):
-        c = chunk_of(first_row, top, rows[i])
+        c = chunk_at(first_row, top, shift, rows[i])
         if c != last:
-            s = 0
-            while s < groups and chunks[s] != c:
-                s += 1
+            if mapped:
+                s = group_of[c]
+                if s < 0:
+                    s = groups
+            else:
+                s = 0
+                while s < groups and chunks[s] != c:
+                    s += 1
             if s == groups:
                 if groups == chunks.shape[0]:
                     return -1
                 chunks[s] = c
+                if mapped:
+                    group_of[c] = s
                 groups += 1
             last, last_slot = c, s
         slot[i] = last_slot
@@ -490,29 +531,16 @@ def group_by_chunk(rows, first_row, num_rows, chunks, bounds, local, positions):
 
 @kernel
 def touched_chunks(rows, first_row, num_rows, marks):
-    """``marks[c]`` set for each chunk ``c`` holding one of ``rows`` (``first_row``: each chunk's first row,
-    increasing, the first 0); a shift per row where every chunk but the last holds the same power of two rows
-    (a converted table's), else a search. Returns False, marking nothing, when a row is not in
-    ``[0, num_rows)``."""
+    """``marks[c]`` set for each chunk ``c`` holding one of ``rows`` (``first_row`` as ``group_by_chunk`` takes
+    it). Returns False, marking nothing, when a row is not in ``[0, num_rows)``."""
     n = rows.shape[0]
     for i in range(n):
         if rows[i] < 0 or rows[i] >= num_rows:
             return False
-    chunks = first_row.shape[0]
-    step = first_row[1] if chunks > 1 else 0
-    shift = 0
-    while step > 0 and (np.int64(1) << shift) < step:
-        shift += 1
-    uniform = step > 0 and (np.int64(1) << shift) == step
-    for c in range(chunks):
-        uniform = uniform and first_row[c] == c * step
-    if uniform:
-        for i in range(n):
-            marks[min(rows[i] >> shift, chunks - 1)] = True
-        return True
     top = 1
-    while top * 2 <= chunks:
+    while top * 2 <= first_row.shape[0]:
         top *= 2
+    shift = power_step(first_row)
     for i in range(n):
-        marks[chunk_of(first_row, top, rows[i])] = True
+        marks[chunk_at(first_row, top, shift, rows[i])] = True
     return True

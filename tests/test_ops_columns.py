@@ -265,11 +265,17 @@ def test_gather_raw_reads_columns_as_stored(path):
     assert np.array_equal(flags, np.stack([missing[c][local] for c in (*range(7), 8, 7)], axis=1))
 
 
+@pytest.mark.parametrize("first_row, num_rows", [
+    (np.array([0, 10, 25, 26, 100, 400]), 500),   # chunks of any size
+    (np.arange(0, 500, 64), 500),                 # a power of two rows each (found by a shift)
+    (np.arange(0, 10_000, 2), 10_000)])           # more chunks than the kernel maps
 @pytest.mark.parametrize("max_groups", [64, 2])
-def test_group_by_chunk_splits_rows_by_chunk_in_order(path, max_groups):
-    first_row = np.array([0, 10, 25, 26, 100, 400], dtype=np.int64)
-    rows = rng.integers(0, 500, 3000)
-    chunks, bounds, local, positions = ops.group_by_chunk(rows, first_row, 500, max_groups=max_groups)
+def test_group_by_chunk_splits_rows_by_chunk_in_order(path, max_groups, first_row, num_rows):
+    first_row = first_row.astype(np.int64)
+    rows = rng.integers(0, num_rows, 3000)
+    if first_row.size > 100:  # rows of a few chunks, so that they fit in max_groups
+        rows = first_row[rng.integers(0, first_row.size, max_groups)][rng.integers(0, max_groups, 3000)] + 1
+    chunks, bounds, local, positions = ops.group_by_chunk(rows, first_row, num_rows, max_groups=max_groups)
     chunk_of = np.searchsorted(first_row, rows, side="right") - 1
     assert chunks.tolist() == list(dict.fromkeys(chunk_of.tolist()))  # order of first appearance
     assert sorted(positions.tolist()) == list(range(rows.size))
@@ -277,9 +283,9 @@ def test_group_by_chunk_splits_rows_by_chunk_in_order(path, max_groups):
         part = positions[bounds[g]:bounds[g + 1]]
         assert part.tolist() == np.flatnonzero(chunk_of == c).tolist()  # the rows' order kept
         assert np.array_equal(local[bounds[g]:bounds[g + 1]], rows[part] - first_row[c])
-    for bad in (-1, 500):
-        with pytest.raises(IndexError, match=r"rows must lie in \[0, 500\)"):
-            ops.group_by_chunk(np.array([3, bad, 7]), first_row, 500, max_groups=max_groups)
+    for bad in (-1, num_rows):
+        with pytest.raises(IndexError, match=rf"rows must lie in \[0, {num_rows}\)"):
+            ops.group_by_chunk(np.array([3, bad, 7]), first_row, num_rows, max_groups=max_groups)
 
 
 @pytest.mark.parametrize("first_row, num_rows", [
