@@ -3,8 +3,10 @@ fixed cost of the copies) and stages that block their thread (a sleep, I/O): the
 arithmetic on injected measurements, and a stage that sleeps, per sample or per batch, is measured by the time it
 holds its thread and bounds the prediction."""
 import time
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from feedline.loader import Loader
 from feedline.loader import profile as profile_module
@@ -233,3 +235,55 @@ def test_a_stage_timed_a_hair_below_zero_costs_nothing_instead_of_failing(image_
     costs = {c.stage: c for c in made.costs}
     assert costs[names[1]].cpu_s_per_sample == 0.0 and costs[names[0]].blocked_s_per_sample == 0.0
     assert costs[names[2]].cpu_s_per_sample == pytest.approx(1e-3 / 4)
+
+
+class _Order:
+    """An order of ``buffer_rows`` per shuffle buffer-full (None: no buffer, as an image order), batch b of
+    its first epoch holding the indices [b * batch_size, (b + 1) * batch_size)."""
+
+    def __init__(self, batch_size: int, buffer_rows):
+        self.batch_size, self.buffer_rows = batch_size, buffer_rows
+
+    def epoch(self, epoch):
+        import numpy as np
+        from feedline.loader.sampler import BatchPlan
+        for b in range(100):
+            yield BatchPlan(np.arange(b * self.batch_size, (b + 1) * self.batch_size), np.ones(self.batch_size, bool),
+                            batch=b)
+
+
+class _Runner:
+    """Records which plans it profiled one by one and which its batch path made."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def profile(self, plans):
+        from feedline.loader.runners.contract import StageTimes
+        self.log["profiled"] += [p.batch for p in plans]
+        return StageTimes(sum(p.indices.size for p in plans), {"read": 0.0, "decode": 0.0}, {}, 0.0)
+
+    def batches(self, plans):
+        for plan in plans:
+            self.log["path"].append(plan.batch)
+            yield {"index": plan.indices}, None
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("buffer_rows,path", [(None, list(range(6, 11))), (4 * 16, list(range(8, 16))),
+                                              (3 * 16 + 1, list(range(8, 16))), (2 * 16, list(range(6, 10)))])
+def test_a_streamed_tables_batch_path_goes_over_whole_buffer_fulls(buffer_rows, path):
+    # 16 rows a batch, 5 batches profiled after one warm-up: an image order's batch path is the 5 plans after them;
+    # a table's, two whole buffer-fulls from the first buffer opened after the profiled plans (each buffer-full's
+    # chunks are read as it opens, for all its batches: a stretch cut inside one counts an opening or none)
+    from feedline.loader.placement import profiler
+    from feedline.loader.runners.contract import RunnerConfig
+    spec = SimpleNamespace(stages=STAGES, all_cpu=2)
+    log = {"profiled": [], "path": []}
+    profiler.profile(spec, RunnerConfig(2, torch.device("cpu"), 16), lambda config: _Runner(log),
+                     lambda batch_size, seed: _Order(batch_size, buffer_rows), gpu=False, batches=5)
+    assert log["profiled"] == list(range(6)) and log["path"] == path
+    assert profiler.buffer_batches(lambda b, s: _Order(b, buffer_rows), 16) == (
+        1 if buffer_rows is None else -(-buffer_rows // 16))

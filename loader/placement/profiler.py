@@ -60,11 +60,18 @@ def profile(spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, or
     the GPU costs from the earliest GPU cut. ``delivery_s``: the hand-off of a batch to the trainer's thread,
     measured by the caller (the Loader's own hand-off lives above this package)."""
     started = time.perf_counter()
-    plans = first_plans(orders, config.batch_size, 2 * batches + 1)
+    # A streamed table reads a shuffle buffer-full's chunks as it opens it, for all the buffer's batches: its batch
+    # path goes over two whole buffer-fulls, from the first buffer opened after the profiled plans.
+    per_buffer = buffer_batches(orders, config.batch_size)
+    split = None
+    if per_buffer > 1:
+        path_from = -(-(WARMUP + batches) // per_buffer) * per_buffer
+        split = (WARMUP + batches, path_from)
+    plans = first_plans(orders, config.batch_size, 2 * batches + 1 if split is None else split[1] + 2 * per_buffer)
     batch_size = max(p.indices.size for p in plans)
     cpu, path = _measure(runners, dataclasses.replace(config, cut=spec.all_cpu, device=torch.device("cpu"),
                                                        batch_size=batch_size, seed=0, num_threads=1, prefetch=1),
-                         plans)
+                         plans, split=split)
     gpu_seconds: dict[str, float] = {}
     if gpu:
         cut = min(spec.valid_cuts())
@@ -88,6 +95,12 @@ def profile(spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, or
     batch_costs = batch_costs_of(costs, path, delivery_s=delivery_s, transfer_s=latency * path.tensors)
     return Profile(costs, cpu.source_bytes_per_sample, h2d, cpu.samples, time.perf_counter() - started,
                    batch_costs)
+
+
+def buffer_batches(orders: OrderFactory, batch_size: int) -> int:
+    """Batches per shuffle buffer-full of a streamed table's order (1 for an order without one)."""
+    rows = getattr(orders(batch_size, PROBE_SEED), "buffer_rows", None)
+    return max(1, -(-rows // batch_size)) if isinstance(rows, int) else 1
 
 
 def median_times(times: list[StageTimes]) -> StageTimes:
@@ -131,17 +144,18 @@ def batch_costs_of(costs: tuple[StageCost, ...], path: BatchPath, *, delivery_s:
 
 
 def _measure(runners: RunnerFactory, config: RunnerConfig, plans: list[BatchPlan], *,
-             batch_path: bool = True) -> tuple[StageTimes, BatchPath | None]:
+             batch_path: bool = True, split: tuple[int, int] | None = None) -> tuple[StageTimes, BatchPath | None]:
     """The runner's profile of the first half of the plans after the warm-up ones, batch by batch (each stage's
     median per sample: a one-off cost, such as a kernel loaded at its first call, is no stage's steady cost),
     then (``batch_path``) its batch path over the second half (other samples: what the first made may be
-    cached)."""
+    cached); ``split`` ``(end, start)``: profile the plans before ``end``, the batch path from ``start`` on."""
     runner = runners(config)
     half = WARMUP + (len(plans) - WARMUP) // 2
+    end, start = (half, half) if split is None else split
     try:
         runner.profile(plans[:WARMUP])
-        times = median_times([runner.profile([plan]) for plan in plans[WARMUP:half]])
-        return times, _batch_path(runner, plans[half:]) if batch_path else None
+        times = median_times([runner.profile([plan]) for plan in plans[WARMUP:end]])
+        return times, _batch_path(runner, plans[start:]) if batch_path else None
     finally:
         runner.close()
 
