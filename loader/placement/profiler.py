@@ -77,7 +77,7 @@ def profile(spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, or
         cut = min(spec.valid_cuts())
         on_gpu, _ = _measure(runners, dataclasses.replace(config, cut=cut, device=torch.device("cuda"),
                                                            batch_size=batch_size, seed=0, num_threads=1,
-                                                           prefetch=1), plans, batch_path=False)
+                                                           prefetch=1), plans, batch_path=False, split=split)
         gpu_names = {s.name for s in spec.stages[cut:]}
         gpu_seconds = {k: max(v, 0.0) / on_gpu.samples for k, v in on_gpu.seconds.items() if k in gpu_names}
         for group, seconds in on_gpu.together.items():
