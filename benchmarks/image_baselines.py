@@ -22,6 +22,7 @@ from pathlib import Path
 from PIL import Image
 
 from ..loader.epochs import measure_loader  # noqa: F401  (the benchmarks' timer)
+from ..pipelines.validate import int_at_least, positive_int, positive_seconds
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -35,7 +36,7 @@ def train_transform(size: int = 224, *, normalize: bool = True):
     """RandomResizedCrop + flip; float32 normalised CHW, or uint8 CHW if ``normalize`` is False."""
     from torchvision.transforms import v2
 
-    _check_positive_int("size", size)
+    positive_int("size", size)
     steps = [v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()]
     return v2.Compose(steps + _to_tensor_steps(normalize))
 
@@ -44,7 +45,7 @@ def val_transform(size: int = 224, *, normalize: bool = True):
     """Shorter side to 256/224 of ``size``, centre crop; output as in :func:`train_transform`."""
     from torchvision.transforms import v2
 
-    _check_positive_int("size", size)
+    positive_int("size", size)
     steps = [v2.Resize(round(256 * size / 224), antialias=True), v2.CenterCrop(size)]
     return v2.Compose(steps + _to_tensor_steps(normalize))
 
@@ -90,8 +91,8 @@ def _image_folder_loader(root, transform, batch_size: int, workers: int, *, shuf
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"root must be an ImageFolder directory, got {str(root)!r}")
-    _check_positive_int("batch_size", batch_size)
-    _check_int("workers", workers, minimum=0)
+    positive_int("batch_size", batch_size)
+    int_at_least("workers", workers, 0)
     return torch.utils.data.DataLoader(
         ImageFolder(str(root), transform=transform),
         batch_size=batch_size,
@@ -118,11 +119,10 @@ def decode_bound(
     files = [str(f) for f in files]
     if not files:
         raise ValueError("files must name at least one image, got an empty list")
-    if not seconds_budget > 0:
-        raise ValueError(f"seconds_budget must be > 0, got {seconds_budget}")
+    positive_seconds("seconds_budget", seconds_budget)
     workers = workers or 1
-    _check_positive_int("workers", workers)
-    _check_positive_int("dali_batch_size", dali_batch_size)
+    positive_int("workers", workers)
+    positive_int("dali_batch_size", dali_batch_size)
     pil = _pil_decode_rate(files, workers, seconds_budget / 2)
     dali = _dali_decode_rate(files, workers, dali_batch_size, seconds_budget / 2)
     return {
@@ -189,17 +189,6 @@ def image_files(root: str | Path) -> list[str]:
     return sorted(
         str(p) for p in root.glob("*/*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()
     )
-
-
-def _check_int(name: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    _check_int(name, value, minimum=1)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,6 +14,7 @@ from ..loader.devices import available_cores
 from ..loader.epochs import endless
 from ..pipelines import image
 from ..pipelines.image_sources import WebDataset
+from ..pipelines.validate import one_of, positive_int
 from . import image_baselines
 from .trainer import alternate, check_trainer_step, counted, cuda_sync, median_rate, resolve_step_s, trainer_summary
 
@@ -42,13 +43,11 @@ def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "c
     ``ROUND_OVER_READAHEAD`` times the largest read-ahead (JSON ``batches_per_round``), so the total can exceed
     ``batches``. ``trainer_step_ms``: None (no trainer), a step in milliseconds, or ``"auto"``. ``settle_s``: the
     pause before each turn (None: ``SETTLE_S``)."""
-    if pipeline not in ("image-train", "image-val"):
-        raise ValueError(f"pipeline must be 'image-train' or 'image-val', got {pipeline!r}")
+    one_of("pipeline", pipeline, ("image-train", "image-val"))
     if baseline not in (None, "torchvision"):
         raise ValueError(f"baseline for image pipelines must be 'torchvision' or none, got {baseline!r}")
-    for name, value in (("batches", batches), ("rounds", rounds)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    positive_int("batches", batches)
+    positive_int("rounds", rounds)
     step = check_trainer_step(trainer_step_ms)
     settle_s = SETTLE_S if settle_s is None else settle_s
     make = image.train if pipeline == "image-train" else image.val

@@ -25,6 +25,7 @@ from typing import Callable, Iterator, Mapping
 
 from ..loader.devices import gpu_available
 from ..loader.epochs import measure_loader
+from ..pipelines.validate import finite_at_least, int_at_least, positive_int
 
 AUTO = "auto"
 
@@ -66,10 +67,8 @@ def run_trainer(stream: Iterator, batches: int, step_s: float, sync: Callable[[]
     with no step) and ``slept_s`` (the mean measured length of a step: more than ``step_s`` when the machine is
     too busy to wake the trainer on time).
     """
-    if isinstance(step_s, bool) or not isinstance(step_s, (int, float)) or not math.isfinite(step_s) or step_s < 0:
-        raise ValueError(f"step_s must be a finite number of seconds >= 0, got {step_s!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    finite_at_least("step_s", step_s, 0)
+    int_at_least("warmup", warmup, 0)
     waited, stepped = [0.0], [0.0]
     taken = [0]
 
@@ -120,9 +119,8 @@ def alternate(streams: Mapping[str, Iterator], *, rounds: int, per_round: int, u
     after ``untimed`` ones (at least a loader's read-ahead, which fills while it waits for its turn, so that it
     does not count as made in the round), after a ``settle_s`` pause (the other loaders' read-ahead refills
     during it instead of during the timed batches). Returns every round's result per stream."""
-    for name, value in (("rounds", rounds), ("per_round", per_round)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    positive_int("rounds", rounds)
+    positive_int("per_round", per_round)
     results: dict[str, list[dict]] = {name: [] for name in streams}
     for _ in range(rounds):
         for name, stream in streams.items():

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
+
+from ..pipelines.validate import int_at_least, one_of, positive_int
 from tqdm import tqdm
 
 MARKER = ".feedline-data"
@@ -86,17 +88,16 @@ def make_images(
     seconds, format, out; for shards also shards, shard_size and pattern (the brace pattern naming them all,
     to pass to ``image.train``).
     """
-    _check_int("count", count, minimum=1)
-    _check_int("classes", classes, minimum=1)
+    positive_int("count", count)
+    positive_int("classes", classes)
     if classes > count:
         raise ValueError(f"classes must be <= count ({count}), got {classes}")
-    _check_int("seed", seed, minimum=0)
+    int_at_least("seed", seed, 0)
     if workers is None:
         workers = os.cpu_count() or 1
-    _check_int("workers", workers, minimum=1)
-    if format not in FORMATS:
-        raise ValueError(f"format must be one of {', '.join(map(repr, FORMATS))}, got {format!r}")
-    _check_int("shard_size", shard_size, minimum=1)
+    positive_int("workers", workers)
+    one_of("format", format, FORMATS)
+    positive_int("shard_size", shard_size)
     if format == "webdataset":
         _shard_writer()  # fail before any work when webdataset is missing
     out = Path(out)
@@ -180,13 +181,6 @@ def read_marker(out: str | Path) -> dict | None:
     if not path.is_file():
         return None
     return json.loads(path.read_text())
-
-
-def _check_int(name: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 def _prepare_output(out: Path) -> None:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..pipelines.validate import int_at_least, one_of, positive_int
+
 NUM_DENSE = 13
 NUM_CATEGORICAL = 26
 POSITIVE_RATE = 0.25
@@ -57,12 +59,9 @@ def make_criteo(out_path: str | os.PathLike, rows: int, seed: int, format: str =
     """Write ``rows`` synthetic rows to ``out_path``: Criteo TSV (gzip-compressed when the name ends in ``.gz``)
     or Parquet (columns ``label``, ``I1``..``I13`` as nullable int64, ``C1``..``C26`` as nullable hex strings).
     Returns a summary: path, rows, format, seed, bytes, seconds."""
-    if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
-        raise ValueError(f"rows must be a positive integer, got {rows!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    if format not in ("tsv", "parquet"):
-        raise ValueError(f"format must be 'tsv' or 'parquet', got {format!r}")
+    positive_int("rows", rows)
+    int_at_least("seed", seed, 0)
+    one_of("format", format, ("tsv", "parquet"))
     if not isinstance(out_path, (str, os.PathLike)):
         raise TypeError(f"out_path must be a path, got {type(out_path).__name__}")
     began = time.perf_counter()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..pipelines.validate import one_of
+
 SOURCES = ("a", "b")
 
 
@@ -12,8 +14,7 @@ def make_mix(out: str | Path, *, of: str = "images", count: int = 2000, classes:
     """``out/a`` and ``out/b``: image folders of ``count`` images each (``of="images"``), or ``out/a.tsv`` and
     ``out/b.tsv`` of ``rows`` Criteo rows each (``of="criteo"``); source ``k`` is made with seed ``seed + k``.
     Returns each source's summary and the ``feedline bench`` command that mixes them."""
-    if of not in ("images", "criteo"):
-        raise ValueError(f"of must be 'images' or 'criteo', got {of!r}")
+    one_of("of", of, ("images", "criteo"))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     made, paths = {}, {}

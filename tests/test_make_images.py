@@ -111,8 +111,8 @@ def test_rerun_replaces_a_previous_output(tmp_path):
     ("kwargs", "error", "words"),
     [
         ({"count": 0}, ValueError, "count"),
-        ({"count": 2.5}, TypeError, "count"),
-        ({"count": True}, TypeError, "count"),
+        ({"count": 2.5}, ValueError, "count must be a positive integer, got 2.5"),
+        ({"count": True}, ValueError, "count must be a positive integer, got True"),
         ({"classes": 0}, ValueError, "classes"),
         ({"classes": 5, "count": 4}, ValueError, "classes"),
         ({"seed": -1}, ValueError, "seed"),
