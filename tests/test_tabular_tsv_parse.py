@@ -1,10 +1,13 @@
 """The TSV parser (text_parse) against Python's int() on generated decimal and hex fields, valid and invalid."""
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from feedline.loader.errors import DataError
+from feedline.loader.sources import open_source
 from feedline.loader.sources.text_parse import Layout, parse_text
-from feedline.pipelines.tabular import Column, ColumnKind
+from feedline.pipelines.tabular import Column, ColumnKind, FileFormat, TabularFiles
 
 INT64_MAX = 2**63 - 1
 COLUMNS = (Column("d", ColumnKind.INT, required=True), Column("h", ColumnKind.HEX))
@@ -85,9 +88,23 @@ def test_random_values_round_trip():
     assert parsed.ints[:, 1].tolist() == hexes.tolist()
 
 
-def test_count_byte_counts_as_bytes_count_does():
-    from feedline.loader.sources.text_parse import count_byte
+def test_the_parser_says_whether_the_data_held_exactly_its_lines():
+    """A chunk's line count is checked by the parser (``exact``): fewer lines, more lines (a field's delimiter
+    become a newline, the bytes the same), or the same lines with or without the last newline."""
+    lines = [b"1\ta", b"2\tb", b"3\tc"]
+    text = b"\n".join(lines) + b"\n"
+    assert parse_text(text, 3, Layout(COLUMNS)).exact
+    assert parse_text(text[:-1], 3, Layout(COLUMNS)).exact
+    assert not parse_text(text, 4, Layout(COLUMNS)).exact
+    assert not parse_text(text, 2, Layout(COLUMNS)).exact
+    assert not parse_text(text.replace(b"\tb", b"\nb"), 3, Layout(COLUMNS)).exact
 
-    rng = np.random.default_rng(7)
-    for data in (b"", b"\n", b"a\nb\n\n", rng.integers(0, 256, 100_003, dtype=np.uint8).tobytes()):
-        assert count_byte(np.frombuffer(data, np.uint8), 0x0A) == data.count(b"\n")
+
+def test_a_chunk_whose_line_count_changed_in_place_raises(tmp_path):
+    """A line split in two inside a chunk (the same bytes, so the same chunk edges): only its line count tells."""
+    path = tmp_path / "t.tsv"
+    path.write_bytes(b"".join(f"{k}\t{k:x}\n".encode() for k in range(1000)))
+    table = open_source(TabularFiles((str(path),), FileFormat.TSV, COLUMNS), cache=None)
+    path.write_bytes(path.read_bytes().replace(b"\n500\t1f4\n", b"\n500\n1f4\n"))
+    with pytest.raises(DataError, match=f"^{path}: changed since it was indexed: lines 1-1000 .* 1001 line ends"):
+        table.read(np.arange(1000))

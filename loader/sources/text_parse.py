@@ -117,18 +117,10 @@ class TextChunk(NamedTuple):
     lists: dict          # name -> ListColumn
     bad: np.ndarray      # [rows] bool
     reasons: dict        # row -> why it is bad
+    exact: bool = True   # whether the data held exactly ``rows`` lines (no line missing, none left over)
 
 
 # ---- the kernel -----------------------------------------------------------------------------------------------
-
-@njit(nogil=True, cache=True)
-def count_byte(b, byte):
-    """How many bytes of the uint8 array ``b`` equal ``byte`` (without the GIL: ``bytes.count`` holds it)."""
-    n = 0
-    for i in range(b.size):
-        n += b[i] == byte
-    return n
-
 
 @njit(nogil=True, cache=True)
 def _murmur3(b, start, n, seed):
@@ -758,7 +750,8 @@ def _parse(b, words, rows, kinds, slots, seeds, required, classes, hex_digits, d
            fallback, scratch, unquoted, keep):
     """Every line into the blocks; per row ``err`` (a status code), the field at fault and a span (a field's
     bytes, a control character's position, or the field count in ``err_start``). ``fallback``: [k, 0..5] =
-    row, field, slot, start, end, quoted, for the floats left to Python; returns how many. ``words``: the
+    row, field, slot, start, end, quoted, for the floats left to Python; returns how many, and where the last
+    line read ends (every line read ends just past its first newline). ``words``: the
     8-byte words of ``b`` at every offset (empty when ``b`` is shorter than a word)."""
     num_lists = list_offsets.shape[0]
     list_counts = np.zeros(max(num_lists, 1), dtype=np.int64)
@@ -796,7 +789,7 @@ def _parse(b, words, rows, kinds, slots, seeds, required, classes, hex_digits, d
                     list_counts[k] = list_offsets[k, row]
         for k in range(num_lists):
             list_offsets[k, row + 1] = list_counts[k]
-    return fallbacks
+    return fallbacks, q
 
 
 # ---- the Python side ------------------------------------------------------------------------------------------
@@ -841,10 +834,10 @@ def parse_text(data: bytes, rows: int, layout: Layout) -> TextChunk:
     unquoted = scratch.view()
     unquoted.flags.writeable = False
     words = np.ndarray((b.size - 7,) if b.size >= 8 else (0,), dtype="<u8", buffer=data, strides=(1,))
-    fallbacks = _parse(b, words, rows, layout.kinds, layout.slots, layout.seeds, layout.required, layout.classes,
-                       _HEX_DIGITS, layout.delimiter, syntax.quoting, syntax.crlf, layout.list_delimiter, _POW10,
-                       ints, floats, missing, list_offsets, lists, err, err_field, err_start, err_end,
-                       fallback, scratch, unquoted, _KEEP)
+    fallbacks, end = _parse(b, words, rows, layout.kinds, layout.slots, layout.seeds, layout.required, layout.classes,
+                            _HEX_DIGITS, layout.delimiter, syntax.quoting, syntax.crlf, layout.list_delimiter,
+                            _POW10, ints, floats, missing, list_offsets, lists, err, err_field, err_start, err_end,
+                            fallback, scratch, unquoted, _KEEP)
     if fallbacks:
         _python_floats(data, layout, fallback[:fallbacks], floats, missing, err, err_field, err_start, err_end)
     bad = err != OK
@@ -862,7 +855,7 @@ def parse_text(data: bytes, rows: int, layout: Layout) -> TextChunk:
         if bad.any():
             offsets, values = _empty_bad_lists(offsets, values, bad)
         columns[c.name] = ListColumn(offsets, values)
-    return TextChunk(ints, floats, missing, columns, bad, reasons)
+    return TextChunk(ints, floats, missing, columns, bad, reasons, end == b.size and not (err == NO_LINE).any())
 
 
 def _python_floats(data, layout, fallback, floats, missing, err, err_field, err_start, err_end) -> None:
