@@ -5,8 +5,10 @@ not be woken (a wake-up is a system call made holding the GIL, and costly on vir
 thread is woken only for the plan it waits for (``_Doorbell``).
 
 A caller may also ask for plans to be warmed ``ahead`` plans before they are made (``warm``): each plan, as it
-is taken from the iterator, queues a warming task of its own (reading what it will need into a cache), so that
-work a plan would do in one burst (the chunks of a new shuffle buffer-full) is spread over the plans before it.
+is taken from the iterator, is warmed (what it will need read into a cache) by the task of the next plan made,
+before that plan, so that work a plan would do in one burst (the chunks of a new shuffle buffer-full) is spread
+over the plans before it. One task a plan, not two: each task is a future made, queued and finished holding
+the GIL.
 """
 from __future__ import annotations
 
@@ -69,8 +71,8 @@ class PlanThreads:
         Closing the generator cancels the plans not started."""
         pool = self._pool or ThreadPoolExecutor(self.num_threads, thread_name_prefix=THREAD_PREFIX)
         pending: deque = deque()
-        coming: deque = deque()  # plans taken from ``plans`` (and warming) but not yet submitted
-        warming: deque = deque()
+        coming: deque = deque()  # plans taken from ``plans`` but not yet submitted
+        to_warm: list = []  # (plan, part) taken but not yet warmed: warmed by the next task submitted
         taken = 0
         done = _Doorbell()
         try:
@@ -81,15 +83,14 @@ class PlanThreads:
                         if plan is None:
                             break
                         if warm is not None and ahead > 0:
-                            warming.append(pool.submit(warm, plan, taken % ahead, ahead))
+                            to_warm.append((plan, taken % ahead))
                             taken += 1
                         coming.append(plan)
-                    while warming and warming[0].done():
-                        warming.popleft()
                     plan = coming.popleft() if coming else None
                     if plan is None:
                         break
-                    future = pool.submit(work, plan)
+                    future = pool.submit(_warm_then_work, warm, tuple(to_warm), ahead, work, plan)
+                    to_warm.clear()
                     future.add_done_callback(done.ring)
                     pending.append((plan, future))
                 if not pending:
@@ -106,12 +107,12 @@ class PlanThreads:
                     raise
                 yield plan, made
         finally:
-            for future in [future for _, future in pending] + list(warming):
+            for _, future in pending:
                 future.cancel()
             if pool is not self._pool:
                 pool.shutdown(wait=may_join(), cancel_futures=True)
             elif may_join():  # kept threads: the work already running ends with the stream
-                wait([future for _, future in pending] + list(warming))
+                wait([future for _, future in pending])
             done.close()
 
     def keep(self) -> None:
@@ -123,3 +124,14 @@ class PlanThreads:
         if self._pool is not None:
             self._pool.shutdown(wait=may_join(), cancel_futures=True)
             self._pool = None
+
+
+def _warm_then_work(warm, warming: tuple, parts: int, work: Callable[[BatchPlan], Any], plan: BatchPlan) -> Any:
+    """``warm(each, part, parts)`` of ``warming`` (what a warming raises is ignored: the plan's own work meets the
+    same error where it can be reported), then ``work(plan)``."""
+    for ahead, part in warming:
+        try:
+            warm(ahead, part, parts)
+        except Exception:
+            pass
+    return work(plan)
