@@ -130,6 +130,10 @@ class FeatureRunner:
             timer.add(self._parse.name, took)
         if self._folded is not None:
             done += len(self._folded.stages)
+        if not timer.timing:
+            for stage in self._cpu_stages[done:]:
+                data.update(stage.run(data, np, out))
+            return data
         for stage in self._cpu_stages[done:]:
             started = timer.start()
             data.update(stage.run(data, np, out))
@@ -152,7 +156,7 @@ class FeatureRunner:
             out["valid"][...] = data["valid"]
             moving["valid"] = out["valid"]
         if self.device.type == "cpu":  # each tensor keeps the ring's buffer taken while the trainer holds it
-            return transfer.convert(moving, torch.from_numpy)
+            return _as_tensors(moving)
         if not self.on_gpu:  # the shared outputs are on the device already
             for name in self._batch_arrays.constants(rows):
                 group, _, key = name.partition(".")
@@ -245,3 +249,18 @@ def _nbytes(value) -> float:
     if isinstance(value, (list, tuple)):
         return float(sum(_nbytes(v) for v in value))
     return float(getattr(value, "nbytes", 0))
+
+
+def _as_tensors(arrays: dict[str, Any]) -> dict[str, Any]:
+    """A batch of arrays and dicts of arrays (the outputs) as torch tensors sharing their memory: one step per
+    array, where ``transfer.convert`` walks any nesting (which it still does for anything else)."""
+    out = {}
+    for name, value in arrays.items():
+        kind = type(value)
+        if kind is np.ndarray:
+            out[name] = torch.from_numpy(value)
+        elif kind is dict and all(type(v) is np.ndarray for v in value.values()):
+            out[name] = {key: torch.from_numpy(v) for key, v in value.items()}
+        else:
+            out[name] = transfer.convert(value, torch.from_numpy)
+    return out

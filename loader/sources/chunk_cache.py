@@ -47,6 +47,9 @@ class ChunkCache:
         """Read, one at a time, the chunks of ``chunks`` that nobody has yet or is reading: threads reading the
         same chunks (plans of one shuffle buffer-full) then share the parsing instead of waiting for each
         other's."""
+        with self._lock:  # (mostly all are held: one look)
+            if all(c in self._cache for c in chunks):
+                return
         for c in chunks:
             with self._lock:
                 if c in self._cache or c in self._loading:
