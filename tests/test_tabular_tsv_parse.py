@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 
 from feedline.loader.errors import DataError
 from feedline.loader.sources import open_source
-from feedline.loader.sources.text_parse import Layout, parse_text
+from feedline.loader.sources.text_parse import parse_text
+from feedline.loader.sources.text_syntax import Layout
 from feedline.pipelines.tabular import Column, ColumnKind, FileFormat, TabularFiles
 
 INT64_MAX = 2**63 - 1

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sklearn.utils import murmurhash3_32
 
-from feedline.loader.sources.text_parse import CSV, TSV, Layout, TextSyntax, hex_strings, parse_text
+from feedline.loader.sources.text_parse import hex_strings, parse_text
+from feedline.loader.sources.text_syntax import CSV, TSV, Layout, TextSyntax
 from feedline.ops import Strings, hash_buckets, murmur3_32
 from feedline.pipelines.tabular import Column, ColumnKind
 

@@ -15,6 +15,7 @@ another key, another shape) is not read, and its chunk is parsed instead.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -22,7 +23,6 @@ import time
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from ... import ops
 from ...ops.gather_columns import CODES, DTYPES
@@ -87,7 +87,7 @@ def encode(parsed: ParsedChunk, key: bytes, parse_s_per_row: float) -> list[byte
         widths = [dtypes[j].itemsize for j in order]
         ends = np.array([sum(w >= size for w in widths) for size in (8, 4, 2)], np.int64)
         slots = [layout.offsets[j] // dtypes[j].itemsize for j in order + list(range(num_ints, len(dtypes)))]
-        _fill(parsed.ints, parsed.floats, np.ascontiguousarray(parsed.missing), np.array(order, np.int64),
+        _kernels()[1](parsed.ints, parsed.floats, np.ascontiguousarray(parsed.missing), np.array(order, np.int64),
               np.array(slots, np.int64), ends, layout.record, _padded(rows * layout.record), layout.flag_bytes,
               records, records.view(np.uint16), records.view(np.uint32), records.view(np.uint64),
               records.view(np.float64))
@@ -108,7 +108,6 @@ def encode(parsed: ParsedChunk, key: bytes, parse_s_per_row: float) -> list[byte
     return [head, records, struct.pack("<Q", len(described)), described, *arrays]
 
 
-@njit(nogil=True, cache=True)
 def _ranges(ints, low, high):
     """Each column's smallest and largest value (``ints`` has a row)."""
     rows, columns = ints.shape
@@ -124,7 +123,6 @@ def _ranges(ints, low, high):
                 high[j] = v
 
 
-@njit(nogil=True, cache=True)
 def _fill(ints, floats, missing, columns, slots, ends, record, flags_at, flag_bytes, u8, u16, u32, u64, f64):
     """Each row's record and missing bits, written into the zeroed chunk buffer ``u8`` (``u16``..``f64``: views of
     it): integer column ``columns[k]`` at element ``slots[k]`` of the record, in 8 bytes for ``k < ends[0]``, 4
@@ -155,6 +153,15 @@ def _fill(ints, floats, missing, columns, slots, ends, record, flags_at, flag_by
             u8[flags + b] = byte
 
 
+@functools.cache
+def _kernels():
+    """``_ranges`` and ``_fill`` as GIL-free numba kernels, compiled (or loaded from numba's cache) on first use, so
+    that opening a text table imports no numba on the thread that indexes its files."""
+    from numba import njit
+
+    return njit(nogil=True, cache=True)(_ranges), njit(nogil=True, cache=True)(_fill)
+
+
 def _described(doc: dict) -> bytes:
     text = json.dumps(doc).encode()
     return text + b" " * (_padded(len(text)) - len(text))
@@ -170,7 +177,7 @@ def layout_of(ints: np.ndarray, num_floats: int) -> RecordLayout:
     dtypes = [np.dtype(np.uint8)] * num_ints
     if rows and num_ints:
         low, high = np.empty(num_ints, np.int64), np.empty(num_ints, np.int64)
-        _ranges(ints, low, high)
+        _kernels()[0](ints, low, high)
         dtypes = [narrowest(int(a), int(b)) for a, b in zip(low, high)]
     return RecordLayout(dtypes + [np.dtype(np.float64)] * num_floats)
 

@@ -48,7 +48,7 @@ KIND = "tablecache"
 KEY_FILE = "key.feedline-tablekey"
 VERSION = 1
 PROBE_CHUNKS = 3  # chunks parsed and read back before deciding (fewer where the table has fewer)
-_PARSER_SOURCES = ("text_parse.py", "tsv.py", "text.py", "line_index.py", "cached_chunks.py")
+_PARSER_SOURCES = ("text_parse.py", "text_syntax.py", "tsv.py", "text.py", "line_index.py", "cached_chunks.py")
 
 
 def text_format(files: TabularFiles, settings: CacheSettings | None, memory_rows: int) -> TextFormat:

@@ -17,7 +17,7 @@ from ...pipelines.tabular import FileFormat, TabularFiles
 from .chunked import ChunkIndex
 from .line_index import MAX_LINE_BYTES
 from .table_rows import RowError
-from .text_parse import Layout, TextSyntax, warm_up
+from .text_syntax import Layout, TextSyntax
 from .tsv import TsvFormat, is_gzip
 
 
@@ -33,7 +33,7 @@ class TextFormat(TsvFormat):
         super().__init__(files.columns, syntax_of(files))
         self.header = files.header
         self._first: tuple[str, tuple[str, ...]] | None = None  # the first file read and its header
-        threading.Thread(target=warm_up, name="feedline-parser-warm-up", daemon=True).start()  # while indexing
+        threading.Thread(target=_warm_up, name="feedline-parser-warm-up", daemon=True).start()  # while indexing
 
     def index(self, path: str) -> ChunkIndex:
         index = super().index(path)
@@ -59,6 +59,13 @@ class TextFormat(TsvFormat):
             raise RowError(path, 1, f"the header names column(s) {twice} more than once")
         self.layout = Layout(self.columns, self.layout.syntax, tuple(declared.get(n) for n in names), names)
         self._first = (path, names)
+
+
+def _warm_up() -> None:
+    """numba imported and the parser's kernel loaded (``text_parse.warm_up``), off the thread that indexes."""
+    from .text_parse import warm_up
+
+    warm_up()
 
 
 def read_header(path: str, syntax: TextSyntax) -> tuple[tuple[str, ...], int]:

@@ -28,7 +28,6 @@ are the fields' emptiness otherwise.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -37,13 +36,8 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 
 from ...pipelines.tabular import Column, ColumnKind
 from .table_rows import ListColumn
+from .text_syntax import CONTROL, DELIM, FLOAT, HEX, INT, KIND_CODES, LIST, NEWLINE, ORD, SKIP, STRING, Layout
 
-# Field kinds, as the kernel sees them.
-SKIP, INT, HEX, FLOAT, STRING, LIST = 0, 1, 2, 3, 4, 5
-KIND_CODES = {ColumnKind.INT: INT, ColumnKind.HEX: HEX, ColumnKind.FLOAT: FLOAT, ColumnKind.STRING: STRING,
-              ColumnKind.INT_LIST: LIST}
-# Byte classes.
-ORD, DELIM, NEWLINE, CONTROL = 0, 1, 2, 3
 # Row and field status codes; FALLBACK: a float the fast path leaves to Python's float().
 OK, NOT_NUMBER, OUT_OF_RANGE, EMPTY, NOT_FINITE, NAN_REQUIRED, CONTROL_CHAR, QUOTE_OPEN, QUOTE_AFTER, COUNT, \
     NO_LINE, FALLBACK = range(12)
@@ -57,57 +51,6 @@ _POW10 = np.array([10.0 ** k for k in range(23)])  # all exact doubles
 _TWO53 = 1 << 53
 _HEX_DIGITS = np.full(256, 255, dtype=np.uint8)
 _HEX_DIGITS[np.frombuffer(b"0123456789abcdefABCDEF", dtype=np.uint8)] = [*range(16), *range(10, 16)]
-
-
-@dataclass(frozen=True)
-class TextSyntax:
-    """How a line is split: the field ``delimiter`` byte, RFC 4180 ``quoting`` (CSV) or none (TSV), the
-    ``list_delimiter`` inside list fields, and whether ``\\r\\n`` ends a line (``crlf``; else the ``\\r`` is a
-    control character, as in TSV)."""
-
-    delimiter: str = "\t"
-    quoting: bool = False
-    list_delimiter: str = "|"
-    crlf: bool = False
-
-    @property
-    def delimiter_name(self) -> str:
-        return {"\t": "tab", ",": "comma", ";": "semicolon", "|": "pipe", " ": "space"}.get(
-            self.delimiter, repr(self.delimiter))
-
-
-TSV = TextSyntax()
-CSV = TextSyntax(delimiter=",", quoting=True, crlf=True)
-
-
-class Layout:
-    """What each field of a line is: ``fields[i]`` is the declared column read from field ``i``, or None for
-    a field that is not read (a header's undeclared column; ``names[i]`` is then its header name). Columns
-    go to blocks by kind in declaration order: integers (INT, HEX, STRING) to ``ints``, floats to
-    ``floats``, lists to ``lists``."""
-
-    def __init__(self, columns: tuple[Column, ...], syntax: TextSyntax = TSV,
-                 fields: tuple[Column | None, ...] | None = None, names: tuple[str, ...] | None = None):
-        fields = tuple(columns) if fields is None else tuple(fields)
-        self.columns, self.syntax, self.fields = tuple(columns), syntax, fields
-        self.names = tuple(c.name for c in fields) if names is None else tuple(names)
-        self.int_columns = [c for c in columns if c.kind in (ColumnKind.INT, ColumnKind.HEX, ColumnKind.STRING)]
-        self.float_columns = [c for c in columns if c.kind is ColumnKind.FLOAT]
-        self.list_columns = [c for c in columns if c.kind is ColumnKind.INT_LIST]
-        slot = {c.name: k for group in (self.int_columns, self.float_columns, self.list_columns)
-                for k, c in enumerate(group)}
-        self.kinds = np.array([SKIP if c is None else KIND_CODES[c.kind] for c in fields], dtype=np.int8)
-        self.slots = np.array([-1 if c is None else slot[c.name] for c in fields], dtype=np.int64)
-        self.seeds = np.array([0 if c is None else c.hash_seed for c in fields], dtype=np.int64)
-        self.required = np.array([c is not None and c.required for c in fields], dtype=np.bool_)
-        classes = np.zeros(256, dtype=np.uint8)
-        classes[:0x20] = CONTROL
-        classes[0x09] = ORD
-        classes[0x0A] = NEWLINE
-        classes[ord(syntax.delimiter)] = DELIM
-        self.classes = classes
-        self.delimiter = ord(syntax.delimiter)
-        self.list_delimiter = ord(syntax.list_delimiter)
 
 
 class TextChunk(NamedTuple):

@@ -25,7 +25,7 @@ from .gzip_stream import GZIP_MAGIC, GzipError, GzipStream, Mark
 from .index_store import Fingerprint
 from .line_index import BLOCK_BYTES, LineScan, from_payload, is_long_line, long_line_reason, to_payload
 from .table_rows import RowError
-from .text_parse import TSV, Layout, TextSyntax, parse_text
+from .text_syntax import TSV, Layout, TextSyntax
 
 log = logging.getLogger("feedline")
 MAX_MARKS = 64  # marks kept per gzip file being read (10-40 KB each): chunk starts of the last 64 MiB of text
@@ -103,6 +103,8 @@ class TsvFormat:
         """``rows`` lines of text (the last one's newline optional) as a chunk of rows: the integer columns (int,
         hex, string) in one block, the float columns in another, the list columns by name (``text_parse``).
         Text of more or fewer lines raises ``LinesMoved`` (the parser counts them as it reads)."""
+        from .text_parse import parse_text  # (numba's: loaded on a thread of its own while the files are indexed)
+
         chunk = parse_text(data, rows, self.layout)
         if not chunk.exact:
             raise LinesMoved
