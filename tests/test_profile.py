@@ -25,7 +25,7 @@ from feedline.pipelines.features import FeatureStage
 from feedline.pipelines.stage import CPU_ONLY
 
 IMAGE_MS = 8.0          # planted CPU time per image
-ROW_US = 100.0          # planted CPU time per table row (parsing an uncached chunk alone can take 20-40 us)
+ROW_US = 250.0          # planted CPU time per table row (parsing an uncached chunk alone can take 20-40 us, more on a loaded machine)
 
 
 def burn(seconds: float) -> None:
