@@ -230,7 +230,7 @@ def test_dropped_batches_are_reused(small_train):
     loader = Loader(spec, batch_size=4, seed=1, placement="cpu")
     for _ in loader:
         pass
-    assert loader.runner._outputs.reused > 0
+    assert loader.runner.outputs_reused > 0
 
 
 def test_profile_and_stats_are_asked_of_the_loader(image_dir):

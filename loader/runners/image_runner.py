@@ -34,13 +34,13 @@ class ImageRunner:
         """``gpu``: the device that GPU-placed torch stages run on (default: ``config.device`` when it is a
         CUDA device, else ``cuda``); a test may pass the CPU to run them there. ``skips``: the log that the
         samples it leaves out go to (the Loader's; default: one of its own). ``decoded``: ``source`` reads
-        decoded images (a cache's), which DALI takes instead of files (``image_graph.plan``); ``former``:
+        decoded images (a cache's), which DALI takes instead of files (``image_graph.assign_engines``); ``former``:
         what forms the host batches (a cache's, which decodes what it does not hold yet)."""
         import nvidia.dali  # noqa: F401  (now, on this thread: its exit hook must be registered before the Loader's)
 
         self.spec = spec
         self.source = source
-        self.graph = image_graph.plan(spec, config.cut, infer_types(spec.stages[1:]), decoded=decoded)
+        self.graph = image_graph.assign_engines(spec, config.cut, infer_types(spec.stages[1:]), decoded=decoded)
         self.engines = self.graph.engines
         gpu = gpu or (config.device if config.device.type == "cuda" else torch.device("cuda"))
         self._outputs = BufferRing(capacity=config.prefetch + 3)  # queued, being made, with the trainer
@@ -52,6 +52,12 @@ class ImageRunner:
     @property
     def skipped(self) -> list[Skipped]:
         return self.former.skips.skipped
+
+    @property
+    def outputs_reused(self) -> int:
+        """How many batch tensors were taken again from this runner's ring instead of allocated anew: a
+        delivered batch's memory returns to the ring once the trainer lets go of it."""
+        return self._outputs.reused
 
     def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> torch.Tensor:
         if pinned:
