@@ -148,7 +148,8 @@ class DenseColumns(FeatureStage):
         return {"dense": ROW_VALUES, "bucketized": ROW_IDS}  # (bucket numbers: below 2**32)
 
     @functools.cached_property
-    def plan(self) -> ops.DensePlan:
+    def normalize_settings(self) -> ops.DensePlan:
+        """Each dense column's fill, clip and log1p, as ``ops.normalize_columns`` takes them."""
         return ops.dense_plan(range(len(self.dense)), [f.fill for f in self.dense],
                               [f.clip_min for f in self.dense], [f.log1p for f in self.dense])
 
@@ -165,7 +166,8 @@ class DenseColumns(FeatureStage):
         result: dict[str, Any] = {}
         if self.dense:
             shape = (raw.shape[1], len(self.dense))
-            result["dense"] = ops.normalize_columns(raw, self.plan, _array(out, "dense", shape, np.float32, xp))
+            out_dense = _array(out, "dense", shape, np.float32, xp)
+            result["dense"] = ops.normalize_columns(raw, self.normalize_settings, out_dense)
         if self.bucketized:
             ids = _array(out, "bucketized", (len(self.bucketized), raw.shape[1]), np.int64, xp)
             for k, f in enumerate(self.bucketized):
@@ -194,7 +196,9 @@ class HashColumns(FeatureStage):
         return {"categorical_ids": ROW_IDS}  # (bucket ids: below 2**32)
 
     @functools.cached_property
-    def plans(self) -> tuple[ops.HashPlan, ops.HashPlan]:
+    def hash_settings(self) -> tuple[ops.HashPlan, ops.HashPlan]:
+        """The categorical columns' and the crosses' rows, buckets, seeds and output rows, as
+        ``ops.hash_columns`` takes them."""
         targets = list(range(len(self.categorical) + len(self.crosses))) if self.targets is None else list(self.targets)
         c = len(self.categorical)
         return (ops.hash_plan([r for r, _, _ in self.categorical], [n for _, n, _ in self.categorical],
@@ -208,9 +212,9 @@ class HashColumns(FeatureStage):
     def run(self, data, xp, out=None) -> dict[str, Any]:
         raw = data["categorical_raw"]
         ids = _array(out, "categorical_ids", (len(self.categorical) + len(self.crosses), raw.shape[1]), np.int64, xp)
-        for plan in self.plans:
-            if len(plan):
-                ops.hash_columns(raw, plan, ids)
+        for settings in self.hash_settings:
+            if len(settings):
+                ops.hash_columns(raw, settings, ids)
         return {"categorical_ids": ids}
 
 
