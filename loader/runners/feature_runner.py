@@ -259,7 +259,7 @@ def _as_tensors(arrays: dict[str, Any]) -> dict[str, Any]:
         kind = type(value)
         if kind is np.ndarray:
             out[name] = torch.from_numpy(value)
-        elif kind is dict and all(type(v) is np.ndarray for v in value.values()):
+        elif kind is dict and all(map(np.ndarray.__instancecheck__, value.values())):
             out[name] = {key: torch.from_numpy(v) for key, v in value.items()}
         else:
             out[name] = transfer.convert(value, torch.from_numpy)

@@ -48,7 +48,7 @@ class ChunkCache:
         same chunks (plans of one shuffle buffer-full) then share the parsing instead of waiting for each
         other's."""
         with self._lock:  # (mostly all are held: one look)
-            if all(c in self._cache for c in chunks):
+            if all(map(self._cache.__contains__, chunks)):
                 return
         for c in chunks:
             with self._lock:
