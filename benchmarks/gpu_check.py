@@ -40,7 +40,7 @@ def import_feedline(subpackage: str) -> types.ModuleType:
 
 def scheduler_section(rows: int = 200_000, batch_size: int = 8192) -> dict:
     """The scheduler's measured inputs and decision on this machine, for the Criteo pipeline (which needs no
-    DALI): per-stage costs on CPU and GPU, bytes, bandwidth, readings and the chosen plan, as a recorded
+    DALI): per-stage costs on CPU and GPU, bytes, bandwidth, readings and the chosen placement, as a recorded
     profile that tests can replay."""
     import dataclasses
     import os
@@ -267,8 +267,9 @@ def kernel_checks(ops, copy_bps: float, scale: float = 1.0) -> dict:
     rows = size(26 * 8192 * 4) // 26
     ids = rng.integers(-1, 2**32, (26, rows), dtype=np.int64)
     ids_d = cupy.asarray(ids)
-    plan = ops.hash_plan(np.arange(26), [1_000_003] * 13 + [1 << 20] * 13, np.arange(26))
-    run("hash_columns_criteo", lambda: (lambda: ops.hash_columns(ids_d, plan), lambda: ops.hash_columns(ids, plan),
+    categorical = ops.hash_plan(np.arange(26), [1_000_003] * 13 + [1 << 20] * 13, np.arange(26))
+    run("hash_columns_criteo", lambda: (lambda: ops.hash_columns(ids_d, categorical),
+                                        lambda: ops.hash_columns(ids, categorical),
                                         ids.size, 16 * ids.size))
     crosses = ops.hash_plan([[0, 1], [2, 3], [25, 4]], [999_983, 1 << 16, 7], [5, 6, 7])
     run("hash_columns_crosses", lambda: (lambda: ops.hash_columns(ids_d, crosses),

@@ -56,13 +56,13 @@ def bench_hash(
     copy_target = np.empty_like(keys)
     reference = np.empty(num_keys, dtype=np.int64)
     batch = rng.integers(-1, 2**32, (26, 8192), dtype=np.int64)
-    plan = hash_plan(np.arange(26), [num_buckets] * 26, np.arange(26))
+    columns = hash_plan(np.arange(26), [num_buckets] * 26, np.arange(26))
     with pinned(pin_cpu):
         hash_buckets(keys[:1000], num_buckets, seed)
-        hash_columns(batch, plan)
+        hash_columns(batch, columns)
         hash_s = best_seconds(lambda: hash_buckets(keys, num_buckets, seed), repeats)
         numpy_s = best_seconds(lambda: hash_words([key_words(keys)], seed, num_buckets, reference), repeats)
-        batch_s = best_seconds(lambda: hash_columns(batch, plan), 10 * repeats)
+        batch_s = best_seconds(lambda: hash_columns(batch, columns), 10 * repeats)
         copy_s = best_seconds(lambda: np.copyto(copy_target, keys), repeats)
     keys_per_s = num_keys / hash_s
     copy_bytes_per_s = keys.nbytes / copy_s

@@ -104,7 +104,7 @@ def make_images(
     _prepare_output(out)
 
     started = time.perf_counter()
-    tasks = _plan(out, count, classes, seed)
+    tasks = _tasks(out, count, classes, seed)
     if format == "folder":
         for class_dir in sorted({t.class_dir for t in tasks}):
             (out / class_dir).mkdir(parents=True, exist_ok=True)
@@ -212,7 +212,7 @@ def _prepare_output(out: Path) -> None:
                 item.unlink()
 
 
-def _plan(out: Path, count: int, classes: int, seed: int) -> list[_Task]:
+def _tasks(out: Path, count: int, classes: int, seed: int) -> list[_Task]:
     n_gray = _special_count(count, GRAYSCALE_FRACTION)
     n_png = _special_count(count, PNG_FRACTION)
     order = np.random.default_rng([seed, count, 0x5EC1A1]).permutation(count)
