@@ -14,7 +14,7 @@ from typing import Callable, Generic, Iterable, Iterator, Protocol, TypeVar, run
 
 import psutil
 
-from ...pipelines.validate import int_at_least, optional_positive_int, positive_int
+from ...pipelines.validate import finite_at_least, int_at_least, int_in, optional_positive_int, positive_int
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,8 @@ class GpuReading:
     def __post_init__(self) -> None:
         if not (isinstance(self.utilization, (int, float)) and 0.0 <= self.utilization <= 1.0):
             raise ValueError(f"utilization must be a fraction in [0, 1], got {self.utilization!r}")
-        if not (isinstance(self.memory_total_bytes, int) and self.memory_total_bytes > 0):
-            raise ValueError(f"memory_total_bytes must be a positive integer, got {self.memory_total_bytes!r}")
-        if not (isinstance(self.memory_free_bytes, int) and 0 <= self.memory_free_bytes <= self.memory_total_bytes):
-            raise ValueError(f"memory_free_bytes must be an integer in [0, memory_total_bytes], "
-                             f"got {self.memory_free_bytes!r}")
+        positive_int("memory_total_bytes", self.memory_total_bytes)
+        int_in("memory_free_bytes", self.memory_free_bytes, 0, self.memory_total_bytes)
 
 
 @dataclass(frozen=True)
@@ -67,9 +64,7 @@ class WaitReading:
 
     def __post_init__(self) -> None:
         for name in ("mean_wait_s", "mean_step_s", "stdev_wait_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0.0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+            finite_at_least(name, getattr(self, name), 0)
         int_at_least("batches", self.batches, 0)
 
 
