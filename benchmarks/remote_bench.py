@@ -84,12 +84,14 @@ def bench_remote(spec: PipelineSpec, *, batch_size: int, remote_workers: int, cp
             loaded = alternate(streams, rounds=rounds, per_round=per_round, untimed=untimed, step_s=step_s,
                                settle_s=settle_s, on_turn=lambda name: bar.set_description(
                                    f"bench {name} + trainer {step_s * 1000:.1f} ms"))
-        sample = next(streams["remote"])
+        # A group of batches as a worker makes them (distinct, held at once): what its return puts into Ray's store.
+        group = [next(streams["local"]) for _ in range(runner.group_plans)]
         for stream in streams.values():
             stream.close()
     made = max(runner.remote_batches, 1)
     make_s, receive_s = runner.remote_seconds / made, runner.transfer_seconds / made
-    serialize_s, _ = object_store_seconds(ray, sample, torch.device("cpu"), per_object=runner.group_plans)
+    serialize_s, _ = object_store_seconds(ray, group, torch.device("cpu"))
+    del group
     result = {
         "pipeline": spec.name, "batch_size": batch_size, "dataset_size": len(contenders["local"].source),
         "rounds": rounds, "batches_per_round": per_round, "untimed_batches_per_round": untimed,

@@ -165,14 +165,21 @@ def available_workers(ray, workers: RayWorkers) -> int:
     return int(min(elsewhere // workers.cpus_per_worker, free // workers.cpus_per_worker + shared))
 
 
-def object_store_seconds(ray, batch: dict, device: torch.device, repeats: int = 5, per_object: int = 1
+def object_store_seconds(ray, batch: dict | list[dict], device: torch.device, repeats: int = 5, per_object: int = 1
                          ) -> tuple[float, float]:
     """What a remote batch like ``batch`` costs on each side, per batch, the medians of ``repeats``: putting it
     into Ray's object store (a worker's task return is serialised the same way), and taking it out as tensors
     on ``device`` (the trainer's side), ``per_object`` batches to an object as the workers return them
-    (``batches_per_group``). Both happen in this process, so a cross-machine transfer, which Ray overlaps with
-    the worker's next batches, is in neither."""
-    arrays = [_copy(as_arrays(batch)) for _ in range(per_object)]  # (one object repeated is pickled once)
+    (``batches_per_group``). ``batch`` may instead be a group's batches as a runner made them (distinct
+    batches, held at once: their shared outputs then cross once, as a worker's do); one batch is copied
+    ``per_object`` times, so that none of its memory is taken for shared. Both happen in this process, so a
+    cross-machine transfer, which Ray overlaps with the worker's next batches, is in neither."""
+    if isinstance(batch, list):
+        shared: dict = {}
+        arrays = [as_arrays(each, shared) for each in batch]
+        per_object = len(arrays)
+    else:
+        arrays = [_copy(as_arrays(batch)) for _ in range(per_object)]
     put, take = [], []
     ray.get(ray.put(arrays), timeout=_GET_TIMEOUT_S)  # untimed: a new store's first objects cost more
     for _ in range(repeats):
@@ -487,12 +494,19 @@ def describe_plans(plans, source, shown: int = 3) -> str:
 def _to_torch(value, device: torch.device):
     """A worker's batch as tensors on ``device``, without copying on the host: the tensors are views of the
     arrays in Ray's object store, which stay there while the tensors live. NumPy marks them read-only because
-    other readers could share an object; a batch has one reader, the trainer, which may write to it."""
+    other readers could share an object; a group's object has one reader, the trainer, and the store's memory
+    is mapped writable here, so the trainer may write to its batch (as to a local one: the outputs every batch
+    of a size shares, a table's sparse lengths and offsets, are shared by the batches of a group, as the local
+    runner's batches share them)."""
+    with warnings.catch_warnings():  # (once a batch: entering it costs as much as a conversion)
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return _tensors(value, device)
+
+
+def _tensors(value, device: torch.device):
     if isinstance(value, np.ndarray):
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            tensor = torch.from_numpy(value)
+        tensor = torch.from_numpy(value)
         return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
     if isinstance(value, dict):
-        return {k: _to_torch(v, device) for k, v in value.items()}
+        return {k: _tensors(v, device) for k, v in value.items()}
     return value

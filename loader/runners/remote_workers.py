@@ -149,7 +149,7 @@ class Maker:
 
     def __init__(self, cores: tuple[int, ...] | None):
         if cores is not None:
-            os.sched_setaffinity(0, cores)
+            pin_process(cores)
         self.hosted: dict[str, _Hosted] = {}
         self.forgotten: set[str] = set()
 
@@ -188,6 +188,7 @@ class Maker:
         self.load(key, box)
         hosted = self.hosted[key]
         out = []
+        shared: dict = {}  # the group's arrays by the memory they view (see ``as_arrays``)
         started = time.perf_counter()
         try:
             for batch, info in hosted.runner.batches(iter(plans)):  # run to the stream's end: its pipeline is reset
@@ -195,7 +196,7 @@ class Maker:
                 new = hosted.runner.skipped[hosted.reported:]  # (plan threads may list more meanwhile)
                 hosted.reported += len(new)
                 skipped = [dataclasses.astuple(s) for s in new]
-                out.append((as_arrays(batch), (info.epoch, info.end, info.last, info.skipped, made - started),
+                out.append((as_arrays(batch, shared), (info.epoch, info.end, info.last, info.skipped, made - started),
                             skipped, os.getpid()))
                 started = made
         except Exception:
@@ -219,9 +220,35 @@ class Maker:
         return os.getpid()
 
 
-def as_arrays(value):
+def pin_process(cores: tuple[int, ...]) -> None:
+    """Every thread of this process on ``cores``: ``sched_setaffinity(0)`` pins the calling thread alone (and the
+    threads it starts later), so Ray's own threads, started with the process, would stay on the cores it was
+    started on (on one machine, the trainer's)."""
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # no procfs: this thread, and those it starts
+        threads = [0]
+    for thread in threads:
+        try:
+            os.sched_setaffinity(thread, cores)
+        except ProcessLookupError:  # ended meanwhile
+            pass
+
+
+def as_arrays(value, shared: dict | None = None):
+    """``value`` with its tensors as NumPy arrays viewing the same memory. With ``shared`` (kept across the
+    batches of one group), tensors that view the same memory alike (address, dtype, shape and strides) become one
+    array object: pickle, and so Ray, sends an object once however often it appears in the group, so the
+    outputs that every batch of a size shares (a table's sparse lengths and offsets: more than half of a Criteo
+    batch's bytes) cross once per group rather than once per batch, and the trainer's batches share them as
+    the local ones do. Every tensor of the group stays alive until the group is sent, so no address is reused
+    meanwhile."""
     if isinstance(value, torch.Tensor):
-        return value.numpy()
+        array = value.numpy()
+        if shared is None:
+            return array
+        key = (array.__array_interface__["data"][0], array.dtype.str, array.shape, array.strides)
+        return shared.setdefault(key, array)
     if isinstance(value, dict):
-        return {k: as_arrays(v) for k, v in value.items()}
+        return {k: as_arrays(v, shared) for k, v in value.items()}
     return value
