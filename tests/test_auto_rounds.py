@@ -92,7 +92,7 @@ class FakeProbe:
 
 
 def thread_check(rates_by_threads, threads=2, samples=1_000_000, samples_per_s=100.0):
-    """AutoPlacement._check_threads on a plan of ``threads`` predicted at ``samples_per_s``, over an epoch of
+    """AutoPlacement.check_threads on a plan of ``threads`` predicted at ``samples_per_s``, over an epoch of
     ``samples`` on this rank, with probes giving the rates given."""
     adopted = []
     placement = AutoPlacement.__new__(AutoPlacement)
@@ -102,9 +102,8 @@ def thread_check(rates_by_threads, threads=2, samples=1_000_000, samples_per_s=1
     placement.batch_size = 4
     placement.orders = lambda batch_size, seed: SimpleNamespace(per_rank=samples)
     probes = {t: FakeProbe(r) for t, r in rates_by_threads.items()}
-    placement._probe = lambda cut, t: probes[t]
     plan = SimpleNamespace(cut=5, threads=threads, samples_per_s=samples_per_s)
-    chosen = placement._check_threads(plan)
+    chosen = placement.check_threads(plan, probe=lambda cut, t: probes[t])
     assert all(p.closed for p in probes.values())
     return placement, chosen, adopted
 

@@ -1,4 +1,6 @@
 """Placements an image or feature pipeline allows, and the DALI device of every node, checked before any build."""
+import re
+
 import pytest
 
 from feedline.loader.runners import image_graph
@@ -64,13 +66,21 @@ def test_a_stage_without_dali_leaves_dali_and_the_rest_runs_as_torch(image_dir):
     assert [(s.gpu, s.batched) for s in graph.torch_steps] == [(False, False)] * 3 + [(True, True)] * 2
 
 
+def _operator(op):
+    """(DALI operator, the device it runs on) of an operator in a defined graph, read from its public ``spec``,
+    whose text opens ``OpSpec for <module>__<Operator>:`` and holds the ``device`` argument."""
+    text = str(op.spec)
+    name = re.match(r"OpSpec for (\S+):", text).group(1).rsplit("__", 1)[-1]
+    return name, re.search(r"^\s*device: (\S+)$", text, re.MULTILINE).group(1)
+
+
 def _walk(node):
     """The chain of operators that make ``node``, following each one's first input: (DALI operator, the
     device it runs on), from the output back to the external source."""
     chain = []
     while True:
         op = node.source
-        chain.append((type(op._op).__name__, op._op.device))
+        chain.append(_operator(op))
         if not op.inputs:
             return chain
         node = op.inputs[0]

@@ -213,13 +213,26 @@ def test_stats_and_their_logging(planted_images):
             log_stats(loader, 0, callback=print)
 
 
+class _Moving:
+    """``loader`` as the stats read it, with a cut the test moves (as a re-plan under auto placement would)."""
+
+    def __init__(self, loader):
+        self.loader, self.cut = loader, loader.cut
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+
 def test_a_placement_change_comes_as_an_event(planted_images):
     with Loader(planted_images, 8, placement="cpu") as loader:
-        logger = log_stats(loader, 3600.0, callback=lambda stats: None)
+        moving = _Moving(loader)
+        logger = log_stats(moving, 3600.0, callback=lambda stats: None)
         try:
             assert "event" not in logger.log_once() and "event" not in logger.log_once()  # the same placement
-            logger._placement = "gpu"  # as if the last call had seen another placement
-            assert logger.log_once()["event"] == f"placement gpu -> {loader.pipeline.describe_cut(loader.cut)}"
+            moving.cut = min(planted_images.valid_cuts())
+            now = planted_images.describe_cut(moving.cut)
+            assert now != "cpu" and logger.log_once()["event"] == f"placement cpu -> {now}"
+            assert "event" not in logger.log_once()  # and once only
         finally:
             logger.close()
 

@@ -77,19 +77,22 @@ class AutoPlacement:
                                gpu=self.gpu_present and self.device.type == "cuda")
         self.last = self._measurements(None)
         plan = self.scheduler.update(self.last)
-        plan = self._check_threads(plan)
+        plan = self.check_threads(plan)
         self.start_seconds = time.perf_counter() - started
         log.info("feedline: %s auto placement (profiled in %.1f s):\n%s", self.spec.name, self.profile.seconds,
                  plan_table(plan, self.last))
         self._restart_window()
         return plan
 
-    def _check_threads(self, plan: PlacementDecision) -> PlacementDecision:
+    def check_threads(self, plan: PlacementDecision,
+                      probe: Callable[[int, int], "_Probe"] | None = None) -> PlacementDecision:
         """The model counts cores, not what oversubscribing them costs: the batch thread and the trainer's
         compete with the worker threads. Measure the chosen thread count against one fewer, in alternating
         rounds until both medians are stable within CHECK_TOLERANCE (at most CHECK_MAX_ROUNDS), and take fewer
         threads only where they win by more than the noise (and MEASURED_MARGIN); fewer threads winning also caps
-        later re-plans."""
+        later re-plans. ``probe(cut, threads)`` makes the timer of one placement (default ``self.probe``; a test
+        passes scripted ones): called, it returns samples/s; ``close()`` ends it."""
+        probe = self.probe if probe is None else probe
         if plan.threads <= 1:
             return plan
         check_s = CHECK_MIN_ROUNDS * 2 * CHECK_SECONDS
@@ -99,7 +102,7 @@ class AutoPlacement:
                                                    f"check's {check_s:.1f} s"}
             return plan
         fewer = plan.threads - 1
-        probes = {t: self._probe(plan.cut, t) for t in (plan.threads, fewer)}
+        probes = {t: probe(plan.cut, t) for t in (plan.threads, fewer)}
         try:
             rounds = measure_rounds(list(probes), lambda t: probes[t](), min_rounds=CHECK_MIN_ROUNDS,
                                     max_rounds=CHECK_MAX_ROUNDS, tolerance=CHECK_TOLERANCE)
@@ -116,7 +119,9 @@ class AutoPlacement:
             f"measured {best[fewer]:.0f} samples/s with {fewer} threads against {best[plan.threads]:.0f} with "
             f"{plan.threads} (medians of {rounds.rounds} rounds): the batch thread needs a core too"))
 
-    def _probe(self, cut: int, threads: int) -> "_Probe":
+    def probe(self, cut: int, threads: int) -> "_Probe":
+        """A timer of the placement at ``cut`` with ``threads`` worker threads, on a runner and order of its own
+        (seed PROBE_SEED), outside the trainer's epochs."""
         config = dataclasses.replace(self.config, cut=cut, num_threads=threads, seed=PROBE_SEED)
         return _Probe(self.runners(config), self.orders(self.batch_size, PROBE_SEED), self.device,
                       untimed=config.prefetch + 1)
@@ -124,7 +129,7 @@ class AutoPlacement:
     def sample_batch(self, cut: int) -> dict:
         """One batch made at ``cut`` on one thread, outside the trainer's epochs (what a remote worker would
         send: the remote workers' decision times it through the object store)."""
-        probe = self._probe(cut, 1)
+        probe = self.probe(cut, 1)
         probe.close()
         return probe.first
 
