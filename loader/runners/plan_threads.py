@@ -7,14 +7,14 @@ thread is woken only for the plan it waits for (``_Doorbell``).
 A caller may also ask for plans to be warmed ``ahead`` plans before they are made (``warm``): each plan, as it
 is taken from the iterator, is warmed (what it will need read into a cache) by the task of the next plan made,
 before that plan, so that work a plan would do in one burst (the chunks of a new shuffle buffer-full) is spread
-over the plans before it. One task a plan, not two: each task is a future made, queued and finished holding
-the GIL.
+over the plans before it. One task a plan, not two; and a task is a small object on a C queue (``_Pool``), not a
+``concurrent.futures`` future, whose making, queueing and finishing take some fifty Python calls holding the GIL.
 """
 from __future__ import annotations
 
+import queue
 import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Callable, Iterator
 
 from ..sampler import BatchPlan
@@ -33,25 +33,72 @@ def may_join() -> bool:
 
 
 class _Doorbell(WakePipe):
-    """How a worker tells the batch thread that the batch it waits for is done: a ring of the pipe, and only
-    while it waits for that very batch (``wait_for``), so that batches finished ahead of time wake nobody (a
+    """How a worker tells the batch thread that the task it waits for is done: a ring of the pipe, and only
+    while it waits for that very task (``wait_for``), so that tasks finished ahead of time wake nobody (a
     ``Future``'s ``result()`` would wake it holding the GIL, once per batch)."""
 
     def __init__(self):
         super().__init__()
         self._watched = None
 
-    def ring(self, future=None) -> None:
-        if future is not None and future is not self._watched:
-            return
-        super().ring()
+    def finished(self, task: _Task) -> None:
+        if task is self._watched:
+            self.ring()
 
-    def wait_for(self, future) -> None:
-        """Until ``future`` is done (its callback rings the bell once it is watched; a ring may be spurious)."""
-        self._watched = future  # set before looking: a worker finishing now then sees it and rings
-        while not future.done():
+    def wait_for(self, task: _Task) -> None:
+        """Until ``task`` is done (a worker finishing it rings once it is watched; a ring may be spurious)."""
+        self._watched = task  # set before looking: a worker finishing now then sees it and rings
+        while not task.done:
             self.wait()
         self._watched = None
+
+
+class _Task:
+    __slots__ = ("call", "args", "bell", "done", "cancelled", "result", "error")
+
+    def __init__(self, call: Callable, args: tuple, bell: _Doorbell):
+        self.call, self.args, self.bell = call, args, bell
+        self.done = self.cancelled = False
+        self.result = self.error = None
+
+    def run(self) -> None:
+        if not self.cancelled:
+            try:
+                self.result = self.call(*self.args)
+            except BaseException as e:  # handed to the thread that takes the result
+                self.error = e
+        self.done = True
+        self.bell.finished(self)
+
+
+class _Pool:
+    """``num_threads`` daemon threads running the tasks put on one queue, in order, until ``shutdown``."""
+
+    def __init__(self, num_threads: int):
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"{THREAD_PREFIX}_{k}", daemon=True)
+                         for k in range(num_threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def _work(self) -> None:
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            task.run()
+            del task  # (its result is the batch: held here until the next task comes, the ring could not reuse it)
+
+    def submit(self, task: _Task) -> _Task:
+        self._tasks.put(task)
+        return task
+
+    def shutdown(self, wait: bool) -> None:
+        for _ in self._threads:
+            self._tasks.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
 
 
 class PlanThreads:
@@ -60,7 +107,7 @@ class PlanThreads:
     def __init__(self, num_threads: int, depth: int):
         self.num_threads = num_threads
         self.depth = depth
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: _Pool | None = None
 
     def run(self, plans: Iterator[BatchPlan], work: Callable[[BatchPlan], Any], *,
             warm: Callable[[BatchPlan, int, int], Any] | None = None,
@@ -69,7 +116,7 @@ class PlanThreads:
         ``warm(plan, k % ahead, ahead)`` (``k``: the plan's count in this run) is queued ``ahead`` plans before
         ``work(plan)``; what it raises is ignored (``work`` meets the same error where it can be reported).
         Closing the generator cancels the plans not started."""
-        pool = self._pool or ThreadPoolExecutor(self.num_threads, thread_name_prefix=THREAD_PREFIX)
+        pool = self._pool or _Pool(self.num_threads)
         pending: deque = deque()
         coming: deque = deque()  # plans taken from ``plans`` but not yet submitted
         to_warm: list = []  # (plan, part) taken but not yet warmed: warmed by the next task submitted
@@ -89,40 +136,40 @@ class PlanThreads:
                     plan = coming.popleft() if coming else None
                     if plan is None:
                         break
-                    future = pool.submit(_warm_then_work, warm, tuple(to_warm), ahead, work, plan)
+                    task = pool.submit(_Task(_warm_then_work, (warm, tuple(to_warm), ahead, work, plan), done))
                     to_warm.clear()
-                    future.add_done_callback(done.ring)
-                    pending.append((plan, future))
+                    pending.append((plan, task))
                 if not pending:
                     return
-                plan, future = pending.popleft()
-                done.wait_for(future)
-                try:
-                    made = future.result()
-                except BaseException as e:
+                plan, task = pending.popleft()
+                done.wait_for(task)
+                made, e = task.result, task.error
+                task = None
+                if e is not None:
                     if hasattr(e, "add_note"):
                         rows = plan.indices
                         e.add_note(f"raised in a feedline feature worker thread preparing a batch of {rows.size} "
                                    f"rows (first {rows[:4].tolist()})")
-                    raise
+                    raise e
                 yield plan, made
         finally:
-            for _, future in pending:
-                future.cancel()
+            for _, task in pending:
+                task.cancelled = True
             if pool is not self._pool:
-                pool.shutdown(wait=may_join(), cancel_futures=True)
+                pool.shutdown(wait=may_join())
             elif may_join():  # kept threads: the work already running ends with the stream
-                wait([future for _, future in pending])
+                for _, task in pending:
+                    done.wait_for(task)
             done.close()
 
     def keep(self) -> None:
         """Keep the threads from one ``run`` to the next, until ``close``."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix=THREAD_PREFIX)
+            self._pool = _Pool(self.num_threads)
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=may_join(), cancel_futures=True)
+            self._pool.shutdown(wait=may_join())
             self._pool = None
 
 
