@@ -37,7 +37,7 @@ def run(parser: argparse.ArgumentParser, args) -> dict:
     from ..benchmarks.trainer import counted
     from ..loader.epochs import endless, measure_loader
     from ..loader.loader import Loader
-    from ..loader.placement.report import format_plan
+    from ..loader.placement.report import format_decision
 
     spec = pipeline_spec(args.pipeline, args.data, args.output)
     batch_size = batch_size_of(args.pipeline, args.batch_size)
@@ -74,10 +74,10 @@ def run(parser: argparse.ArgumentParser, args) -> dict:
     report["pipeline"] = spec.name
     report["batch_size"] = batch_size
     if auto:
-        print(format_plan(report))
+        print(format_decision(report))
         print(f"profiling  {format_value(report['profile_seconds'])} s over {report['profile_samples']:,} samples")
     else:
-        print(format_fixed_plan(report, args.placement))
+        print(format_fixed_placement(report, args.placement))
     print(format_cache(report["cache"]))
     return report
 
@@ -113,8 +113,8 @@ class _ticking:
             self.thread.join()
 
 
-def format_fixed_plan(report: dict, placement: str) -> str:
-    """A fixed placement's plan: each stage's backend, then the threads, prefetch and measured rate."""
+def format_fixed_placement(report: dict, placement: str) -> str:
+    """A fixed placement's report: each stage's backend, then the threads, prefetch and measured rate."""
     stages = report["stages"]
     width = max([len("stage")] + [len(stage) for stage in stages])
     lines = [f"{'stage':<{width}}  backend", f"{'-' * width}  -------"]

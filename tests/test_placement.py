@@ -44,7 +44,7 @@ TRAIN_ENGINES = {
 
 
 def _graph(spec, cut):
-    return image_graph.plan(spec, cut, image.infer_types(spec.stages[1:]))
+    return image_graph.assign_engines(spec, cut, image.infer_types(spec.stages[1:]))
 
 
 def test_engine_of_every_stage_for_each_placement(image_dir):

@@ -178,7 +178,7 @@ def test_a_decision_equal_to_the_placement_rebuilds_nothing(spec, monkeypatch):
     follow = attached(c)
     scripted(c, monkeypatch, spec, CPU_WINS)
     c.begin()
-    assert (c.auto.plan.cut, c.auto.plan.threads, c.auto.plan.prefetch) == (spec.all_cpu, 1, 2)
+    assert (c.auto.decision.cut, c.auto.decision.threads, c.auto.decision.prefetch) == (spec.all_cpu, 1, 2)
     assert follow.configs == [] and c.report()["history"][0]["reason"] == "initial plan"
     c.begin()  # profiled once
     assert len(c.report()["history"]) == 1

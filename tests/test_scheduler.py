@@ -14,7 +14,7 @@ from feedline.loader.placement.decision import PlacementDecision, trainer_load
 from feedline.loader.placement.measurements import MIN_CPU_SHARE, MIN_WAIT_BATCHES, Measurements, Resources, StageCost
 from feedline.loader.placement.model import DEMAND_HEADROOM, GPU_SATURATED, prefetch_depth
 from feedline.loader.placement.monitors import GpuReading, WaitReading
-from feedline.loader.placement.report import plan_dict, plan_table
+from feedline.loader.placement.report import decision_dict, decision_table
 from feedline.loader.placement.scheduler import STABLE_WINDOW_CONFIRMS, Scheduler
 from feedline.pipelines.spec import PipelineSpec
 from feedline.pipelines.stage import Backend, PlainStage
@@ -579,7 +579,7 @@ def test_report_has_a_row_per_stage_and_the_throughputs():
     s = image_scheduler()
     m = image_measurements(busy=0.2)
     plan = s.decide(m)
-    table = plan_table(plan, m, measured_samples_per_s=2909.0)
+    table = decision_table(plan, m, measured_samples_per_s=2909.0)
     lines = table.splitlines()
     assert lines[0].split() == ["stage", "CPU", "ms/batch", "GPU", "ms/batch", "bytes", "out/sample", "backend",
                                 "reason"]
@@ -594,7 +594,7 @@ def test_report_has_a_row_per_stage_and_the_throughputs():
 def test_report_without_a_gpu_says_so_in_the_gpu_column():
     m = image_measurements(gpu=False)
     plan = image_scheduler().decide(m)
-    table = plan_table(plan, m)
+    table = decision_table(plan, m)
     rows = table.splitlines()[2:6]
     assert all("no GPU" in row for row in rows)
     assert "measured" not in table and "none on this machine" in table
@@ -603,7 +603,7 @@ def test_report_without_a_gpu_says_so_in_the_gpu_column():
 def test_report_dict_is_json_and_matches_the_plan():
     m = dataclasses.replace(image_measurements(busy=0.2), samples_per_s=2500.0)
     plan = image_scheduler().decide(m)
-    data = json.loads(json.dumps(plan_dict(plan, m)))
+    data = json.loads(json.dumps(decision_dict(plan, m)))
     assert data["placement"] == "gpu" and data["cut"] == plan.cut and data["threads"] == plan.threads
     assert data["measured_samples_per_s"] == 2500.0
     assert math.isclose(data["predicted_samples_per_s"], plan.samples_per_s)
@@ -615,9 +615,9 @@ def test_report_dict_is_json_and_matches_the_plan():
 
 def test_report_rejects_what_is_not_a_plan():
     m = image_measurements()
-    with pytest.raises(TypeError, match="plan"):
-        plan_table("gpu", m)
+    with pytest.raises(TypeError, match="decision must be a PlacementDecision, got str"):
+        decision_table("gpu", m)
     plan: PlacementDecision = image_scheduler().decide(m)
     other = dataclasses.replace(m, costs=m.costs[:2])
     with pytest.raises(ValueError, match="no cost"):
-        plan_dict(plan, other)
+        decision_dict(plan, other)

@@ -17,7 +17,7 @@ from .decision import PlacementDecision, trainer_load
 from .measurements import Measurements, Resources
 from .monitors import NoGpu, NvmlGpuMonitor, PsutilCpuMonitor, WaitMonitor
 from .profiler import PROBE_SEED, OrderFactory, Profile, RunnerFactory, profile
-from .report import plan_dict, plan_table
+from .report import decision_dict, decision_table
 from .rounds import measure_rounds
 from .scheduler import Scheduler
 
@@ -67,7 +67,8 @@ class AutoPlacement:
         self._samples = 0
 
     @property
-    def plan(self) -> PlacementDecision | None:
+    def decision(self) -> PlacementDecision | None:
+        """The scheduler's current placement decision (None until ``start``)."""
         return self.scheduler.current
 
     def start(self) -> PlacementDecision:
@@ -80,7 +81,7 @@ class AutoPlacement:
         plan = self.check_threads(plan)
         self.start_seconds = time.perf_counter() - started
         log.info("feedline: %s auto placement (profiled in %.1f s):\n%s", self.spec.name, self.profile.seconds,
-                 plan_table(plan, self.last))
+                 decision_table(plan, self.last))
         self._restart_window()
         return plan
 
@@ -176,7 +177,7 @@ class AutoPlacement:
         plan = self.scheduler.current
         if plan is None:
             return {"placement": "auto", "status": "not profiled yet (profiling runs at the first iteration)"}
-        out = plan_dict(plan, self.last)
+        out = decision_dict(plan, self.last)
         out["profile_seconds"] = self.profile.seconds
         out["profile_samples"] = self.profile.samples
         out["start_seconds"] = self.start_seconds

@@ -133,7 +133,7 @@ class PlacementController:
     def begin(self) -> None:
         """At the start of an iteration: under ``"auto"``, the first time, profile and place (and decide how
         many remote workers pay)."""
-        if self.auto is None or self.auto.plan is not None:
+        if self.auto is None or self.auto.decision is not None:
             return
         decision = self.auto.start()
         if self.remote is not None:

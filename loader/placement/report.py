@@ -14,35 +14,36 @@ from .units import format_bytes, format_ms, text_columns
 COLUMNS = ("stage", "CPU ms/batch", "GPU ms/batch", "bytes out/sample", "backend", "reason")
 
 
-def _check(plan: PlacementDecision, measurements: Measurements) -> None:
-    if not isinstance(plan, PlacementDecision):
-        raise TypeError(f"plan must be a PlacementDecision, got {type(plan).__name__}")
+def _check(decision: PlacementDecision, measurements: Measurements) -> None:
+    if not isinstance(decision, PlacementDecision):
+        raise TypeError(f"decision must be a PlacementDecision, got {type(decision).__name__}")
     if not isinstance(measurements, Measurements):
         raise TypeError(f"measurements must be Measurements, got {type(measurements).__name__}")
-    missing = [s.stage for s in plan.stages if s.stage not in {c.stage for c in measurements.costs}]
+    missing = [s.stage for s in decision.stages if s.stage not in {c.stage for c in measurements.costs}]
     if missing:
-        raise ValueError(f"measurements have no cost for stages {missing} of the plan")
+        raise ValueError(f"measurements have no cost for stages {missing} of the decision")
 
 
 def _ms_per_batch(seconds_per_sample: float | None, batch_size: int) -> float | None:
     return None if seconds_per_sample is None else seconds_per_sample * batch_size * 1000.0
 
 
-def plan_dict(plan: PlacementDecision, measurements: Measurements, measured_samples_per_s: float | None = None) -> dict:
+def decision_dict(decision: PlacementDecision, measurements: Measurements,
+                  measured_samples_per_s: float | None = None) -> dict:
     """Everything the table shows, in plain types (``json.dumps`` takes it as is). ``measured_samples_per_s``
     defaults to the measurements' own."""
-    _check(plan, measurements)
+    _check(decision, measurements)
     costs = {c.stage: c for c in measurements.costs}
     res = measurements.resources
     measured = measurements.samples_per_s if measured_samples_per_s is None else float(measured_samples_per_s)
-    p = plan.prediction
+    p = decision.prediction
     return {
-        "placement": plan.placement,
-        "cut": plan.cut,
-        "threads": plan.threads,
-        "prefetch": plan.prefetch,
-        "batch_size": plan.batch_size,
-        "feasible": plan.feasible,
+        "placement": decision.placement,
+        "cut": decision.cut,
+        "threads": decision.threads,
+        "prefetch": decision.prefetch,
+        "batch_size": decision.batch_size,
+        "feasible": decision.feasible,
         "predicted_samples_per_s": p.samples_per_s,
         "measured_samples_per_s": measured,
         "bottleneck": p.bottleneck,
@@ -56,26 +57,28 @@ def plan_dict(plan: PlacementDecision, measurements: Measurements, measured_samp
         },
         "cores": res.cores,
         "trainer_cpu_cores_busy": res.trainer_cpu_cores_busy,
-        "reason": plan.reason,
+        "reason": decision.reason,
         "stages": [{
             "stage": s.stage,
-            "cpu_ms_per_batch": _ms_per_batch(costs[s.stage].cpu_s_per_sample, plan.batch_size),
-            "gpu_ms_per_batch": _ms_per_batch(costs[s.stage].gpu_s_per_sample, plan.batch_size),
+            "cpu_ms_per_batch": _ms_per_batch(costs[s.stage].cpu_s_per_sample, decision.batch_size),
+            "gpu_ms_per_batch": _ms_per_batch(costs[s.stage].gpu_s_per_sample, decision.batch_size),
             "bytes_out_per_sample": costs[s.stage].bytes_out_per_sample,
             "backend": s.backend.value,
             "reason": s.reason,
-        } for s in plan.stages],
+        } for s in decision.stages],
     }
 
 
-def plan_table(plan: PlacementDecision, measurements: Measurements, measured_samples_per_s: float | None = None) -> str:
+def decision_table(decision: PlacementDecision, measurements: Measurements,
+                   measured_samples_per_s: float | None = None) -> str:
     """One row per stage (its cost on each backend, bytes out, where it runs and why), then the predicted
     and, when known, measured throughput."""
-    return format_plan(plan_dict(plan, measurements, measured_samples_per_s))
+    return format_decision(decision_dict(decision, measurements, measured_samples_per_s))
 
 
-def format_plan(data: dict) -> str:
-    """``plan_table`` from the data of ``plan_dict`` (also what ``Loader.plan`` holds under auto placement)."""
+def format_decision(data: dict) -> str:
+    """``decision_table`` from the data of ``decision_dict`` (also what ``Loader.plan`` holds under auto
+    placement)."""
     no_gpu = data["gpu"] is None
 
     def ms(value: float | None, gpu: bool) -> str:
@@ -132,7 +135,7 @@ def _engines(spec: PipelineSpec) -> dict[str, tuple[str, str]]:
         return {s.name: ("NumPy" if s.runs_on(Backend.CPU) else "-", "CuPy" if s.runs_on(Backend.GPU) else "-")
                 for s in spec.stages}
     types = infer_types(spec.stages[1:])
-    on_cpu = image_graph.plan(spec, spec.all_cpu, types).engines
-    on_gpu = image_graph.plan(spec, min(spec.valid_cuts()), types).engines
+    on_cpu = image_graph.assign_engines(spec, spec.all_cpu, types).engines
+    on_gpu = image_graph.assign_engines(spec, min(spec.valid_cuts()), types).engines
     return {s.name: (_ENGINE_WORDS[on_cpu[s.name]] if s.runs_on(Backend.CPU) else "-",
                      _ENGINE_WORDS[on_gpu[s.name]] if s.runs_on(Backend.GPU) else "-") for s in spec.stages}

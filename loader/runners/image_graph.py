@@ -85,11 +85,6 @@ def assign_engines(spec: PipelineSpec, cut: int, types: list[ImageType], decoded
     return ImageGraph(spec, cut, tuple(stages), tuple(types), engines, in_dali, tuple(steps), decoded)
 
 
-# The old name, kept only until its last callers (placement/report.py, tests/test_placement.py) use
-# ``assign_engines``: in feedline a plan is a BatchPlan.
-plan = assign_engines
-
-
 def feed_names(graph: ImageGraph, params: list[dict]) -> dict[str, tuple[str, int]]:
     """The external inputs DALI reads per batch, name -> (DALI type name, ndim), taken from one batch's
     parameters (their kinds never change between batches)."""
