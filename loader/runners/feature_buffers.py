@@ -90,26 +90,33 @@ class BatchArrays:
         scratch for the rest, and, where the sparse values are in the buffer and one input is all of them, that
         input as a view of them."""
         layout, shapes = self.layout(rows)
-        placed = layout.views(buffer) if buffer is not None else {}
         scratch = self._scratch.__dict__
-        constants = self.constants(rows)
-        arrays = {"constant": bool(constants)}
-        for name, (shape, dtype) in shapes.items():
-            if name in constants:
-                arrays[name] = constants[name]
-                continue
-            if name in placed:
-                arrays[name] = placed[name]
-                continue
-            key = (name, shape, dtype)
-            if key not in scratch:
-                scratch[key] = np.empty(shape, dtype=dtype)
-            arrays[name] = scratch[key]
+        # What is the same for every batch of this size on this thread (made once): the shared outputs and this
+        # thread's scratch arrays for what the buffer does not carry.
+        same = scratch.get(("arrays", rows, buffer is not None))
+        if same is None:
+            constants = self.constants(rows)
+            carried = layout.places if buffer is not None else {}
+            same = {"constant": bool(constants)}
+            for name, (shape, dtype) in shapes.items():
+                if name in constants:
+                    same[name] = constants[name]
+                elif name not in carried:
+                    key = (name, shape, dtype)
+                    if key not in scratch:
+                        scratch[key] = np.empty(shape, dtype=dtype)
+                    same[name] = scratch[key]
+            scratch[("arrays", rows, buffer is not None)] = same
+        arrays = same.copy()
+        if buffer is None:
+            arrays["index"] = arrays["valid"] = None
+            return arrays
+        placed = layout.views(buffer)  # (index and valid among them)
+        arrays.update(placed)
         alias = self._alias
         if alias is not None and alias in arrays and "sparse.values" in placed:
             arrays[alias] = placed["sparse.values"].reshape(arrays[alias].shape)
             arrays["sparse.aliased"] = alias  # what AssembleSparse then finds written already
-        arrays["index"], arrays["valid"] = placed.get("index"), placed.get("valid")
         return arrays
 
     def buffer(self, nbytes: int) -> tuple[Any, np.ndarray]:
