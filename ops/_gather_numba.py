@@ -34,7 +34,7 @@ NO_FLAGS, BYTE_FLAGS, BIT_FLAGS = range(3)
 LABEL, DENSE, IDS = range(3)
 NAN32 = np.float32(np.nan)
 TILE = 256  # rows gathered at a time, column after column
-L2_AHEAD = 2048  # rows of records asked into L2 ahead of the tile gathered (about 0.5 MB of cache lines)
+L2_AHEAD = 512  # rows of records asked into L2 ahead of the tile gathered (about 128 KB of cache lines)
 
 
 def _reader(kind):
