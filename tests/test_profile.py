@@ -113,15 +113,14 @@ def test_a_planted_table_column_is_the_bottleneck_with_its_cost(small_table):
         advice = profile.recommendation
         assert advice["action"] == "threads" and not advice["bound"]
         cores = available_cores()  # the model: the workers' part over min(threads, free cores), the batch thread's
-        # own part beside them (at most one core more) and waiting for a core where they outnumber the cores
+        # own part beside them (at most one core more), nothing else binds
         b = profile.batch_size
         core = sum(s["cpu_ms_per_sample"] - s["blocked_ms_per_sample"] for s in profile.stages) \
             + profile.batch_costs["forming_ms"] / b
         own = min(profile.batch_costs["batch_thread_ms"] / b, core)
         thread = sum(s["blocked_ms_per_sample"] for s in profile.stages) \
             + (profile.batch_costs["batch_thread_ms"] + profile.batch_costs["hand_off_ms"]) / b
-        at = {t: max((core - own) / min(t, cores), core / min(t + 1, cores), thread)
-              + own * max(0, t + 1 - cores) / cores for t in (1, cores)}
+        at = {t: max((core - own) / min(t, cores), core / min(t + 1, cores), thread) for t in (1, cores)}
         assert advice["words"] == f"use num_threads={cores}"
         assert advice["predicted_gain"] == pytest.approx(at[1] / at[cores], rel=1e-6)
         assert 0.9 * cores < advice["predicted_gain"] <= cores  # the batch thread makes little of a table's batch

@@ -7,19 +7,12 @@ The model, for a candidate (cut, threads), all per sample (B: the batch size; "p
   own      = min(the batch thread's CPU time per batch / B, core) runs on the batch thread whatever the thread
              count (an image pipeline's torch stages, reading and forming), and
   pool     = core - own on the ``threads`` worker threads (DALI's, the feature workers)
-  cpu      = max(pool / min(threads, free cores), core / min(threads + 1, free cores)) + wait: the batch
-             thread works beside the pool's threads, so with one worker thread two cores can be busy
+  cpu      = max(pool / min(threads, free cores), core / min(threads + 1, free cores)): the batch thread
+             works beside the pool's threads, so with one worker thread two cores can be busy
              free cores = cores - trainer's busy cores, at least MIN_CPU_SHARE
   thread   = (the batch thread's CPU time per batch + the hand-off to the trainer per batch) / B
-             + the CPU stages' blocked seconds (sleeping, waiting on I/O on the batch thread) + wait: one thread
+             + the CPU stages' blocked seconds (sleeping, waiting on I/O on the batch thread): one thread
              makes every batch, whatever the thread count
-  wait     = own x max(0, busy + 1 - free cores) / free cores, busy = min(threads, pool / own): the pool's
-             threads busy beside the batch thread's work. Where they and the batch thread outnumber the free
-             cores, the kernel shares the cores among them, and the batch thread, which every batch passes
-             through, waits in the run queue for that share of its work; the pool, one batch ahead of it at
-             most, does not fill that wait (image-train on 2 cores with 2 DALI threads: the batch thread waited
-             13-20 ms a batch for its 32 ms of CPU, 1-3 ms with one DALI thread; with the wait, 2 threads are
-             predicted 1.05x one, measured 0.99-1.25x; without it 1.37x)
   gpu      = sum of the GPU stages' costs (on an idle GPU) / (1 - trainer's GPU busy fraction)
   transfer = max(bytes to the GPU / h2d bandwidth, bytes back to the host / d2h bandwidth)
              + the copies' fixed cost per batch / B where anything crosses
@@ -190,13 +183,9 @@ class PlacementModel:
         available = res.gpu.memory_free_bytes + res.gpu_memory_held_bytes if res.gpu else 0.0
         candidates = []
         for threads in thread_counts:
-            cores = res.free_cores
-            busy = min(threads, pool_s / own_s) if own_s > 0 else threads
-            wait_s = own_s * max(0.0, busy + 1 - cores) / cores
-            cpu_s = max(pool_s / min(threads, cores), core_s / min(threads + 1, cores)) + wait_s
-            batch_thread_s = thread_s + wait_s
-            slowest = max(cpu_s, batch_thread_s, gpu_s, transfer_s, 1e-12)
-            bottleneck = "cpu" if slowest == cpu_s else "thread" if slowest == batch_thread_s else \
+            cpu_s = max(pool_s / min(threads, res.free_cores), core_s / min(threads + 1, res.free_cores))
+            slowest = max(cpu_s, thread_s, gpu_s, transfer_s, 1e-12)
+            bottleneck = "cpu" if slowest == cpu_s else "thread" if slowest == thread_s else \
                 "gpu" if slowest == gpu_s else "transfer"
             samples_per_s = 1.0 / slowest
             prefetch = prefetch_depth(samples_per_s, demand, m.wait)
@@ -206,7 +195,7 @@ class PlacementModel:
                 why_not = f"it needs {format_bytes(memory)} of GPU memory, {format_bytes(available)} free"
             score = 0.0 if why_not else min(samples_per_s, demand * DEMAND_HEADROOM) if demand else samples_per_s
             prediction = Prediction(cpu_s, gpu_s, transfer_s, samples_per_s, bottleneck, core_s, gpu_busy_s, memory,
-                                    batch_thread_s)
+                                    thread_s)
             candidates.append(Candidate(cut, threads, prediction, why_not, score, prefetch))
         return candidates
 
