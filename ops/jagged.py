@@ -25,11 +25,6 @@ class Jagged:
     offsets: object
 
     def __post_init__(self) -> None:
-        values, lengths, offsets = self.values, self.lengths, self.offsets
-        if type(values) is np.ndarray and type(lengths) is np.ndarray and type(offsets) is np.ndarray \
-                and values.dtype == np.int64 and lengths.dtype == np.int32 and offsets.dtype == np.int64 \
-                and values.ndim == lengths.ndim == offsets.ndim == 1 and offsets.shape[0] == lengths.shape[0] + 1:
-            return  # (NumPy arrays as they should be, every batch: found in one step)
         xp = array_module(values=self.values, lengths=self.lengths, offsets=self.offsets)
         for name, dtype in (("values", np.int64), ("lengths", np.int32), ("offsets", np.int64)):
             array = getattr(self, name)
