@@ -4,6 +4,8 @@ from PIL import Image
 
 from gpu_guard import pytest_runtest_setup  # noqa: F401  (skips a `gpu` test only where no GPU is)
 
+from feedline.loader.sources import index_store
+
 
 def _photo_like(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
     """Smooth gradients with soft blobs: structure that resizes like a photo, not noise."""
@@ -37,3 +39,13 @@ def image_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("images")
     write_images(root, 37, classes=3)
     return root
+
+
+@pytest.fixture
+def fresh_index_store(monkeypatch):
+    """Indexes kept beside the data (no FEEDLINE_INDEX_DIR) and none remembered from another test, before and
+    after this one."""
+    monkeypatch.delenv(index_store.INDEX_DIR_ENV, raising=False)
+    index_store.forget_memory()
+    yield
+    index_store.forget_memory()

@@ -26,12 +26,7 @@ from feedline.pipelines.own_files import sidecar_name
 import hostile_tars as ht
 
 
-@pytest.fixture(autouse=True)
-def _fresh_store(monkeypatch):
-    monkeypatch.delenv(index_store.INDEX_DIR_ENV, raising=False)
-    index_store.forget_memory()
-    yield
-    index_store.forget_memory()
+pytestmark = pytest.mark.usefixtures("fresh_index_store")
 
 
 # ---- crafted headers, through the Loader --------------------------------------------------------------------

@@ -23,10 +23,7 @@ from feedline.pipelines.criteo import criteo
 MIB = 1 << 20
 
 
-@pytest.fixture(autouse=True)
-def _no_index_dir(monkeypatch):
-    monkeypatch.delenv("FEEDLINE_INDEX_DIR", raising=False)
-    index_store.forget_memory() if hasattr(index_store, "forget_memory") else None
+pytestmark = pytest.mark.usefixtures("fresh_index_store")
 
 
 def rows_of(path) -> list[str]:

@@ -10,12 +10,7 @@ from feedline.loader.sources.index_store import Fingerprint
 from feedline.pipelines.own_files import is_own_file, sidecar_name
 
 
-@pytest.fixture(autouse=True)
-def _fresh(monkeypatch):
-    monkeypatch.delenv(index_store.INDEX_DIR_ENV, raising=False)
-    index_store.forget_memory()
-    yield
-    index_store.forget_memory()
+pytestmark = pytest.mark.usefixtures("fresh_index_store")
 
 
 def _write(path, data: bytes):

@@ -24,12 +24,7 @@ import hostile_tars as ht
 WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
-@pytest.fixture(autouse=True)
-def _fresh_store(monkeypatch):
-    monkeypatch.delenv(index_store.INDEX_DIR_ENV, raising=False)
-    index_store.forget_memory()
-    yield
-    index_store.forget_memory()
+pytestmark = pytest.mark.usefixtures("fresh_index_store")
 
 
 def read_only(monkeypatch, folder) -> list[str]:

@@ -27,10 +27,7 @@ ROWS = 40_000  # 9 chunks of text: more than a Loader with shuffle_buffer=1024 k
 BAD_LINES = (5, 17_003, 33_333)  # 1-based lines made bad in every file
 
 
-@pytest.fixture(autouse=True)
-def _no_index_dir(monkeypatch):
-    monkeypatch.delenv(index_store.INDEX_DIR_ENV, raising=False)
-    index_store.forget_memory()
+pytestmark = pytest.mark.usefixtures("fresh_index_store")
 
 
 @pytest.fixture(scope="module")

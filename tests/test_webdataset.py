@@ -244,14 +244,6 @@ def test_a_shard_deleted_after_declaring_is_named(tmp_path):
         Loader(spec, batch_size=4, placement="cpu")
 
 
-@pytest.fixture
-def fresh_index_store(monkeypatch):
-    monkeypatch.delenv(index_store.INDEX_DIR_ENV, raising=False)
-    index_store.forget_memory()
-    yield
-    index_store.forget_memory()
-
-
 def _count_scans(monkeypatch) -> list:
     scans = []
     real = wds_source.list_members
