@@ -79,12 +79,12 @@ class TsvFormat:
             before, data = self._cursor(path, index).read(start, stop)
         else:
             before, data = _pread(path, start, stop)
-        try:
-            if not (len(data) == stop - start and before in (b"", b"\n") and (data.endswith(b"\n") or last)):
-                raise LinesMoved
-            return self.parse(data, rows)
-        except LinesMoved:
-            raise _changed(path, line, rows, data, stop - start) from None
+        if len(data) == stop - start and before in (b"", b"\n") and (data.endswith(b"\n") or last):
+            try:
+                return self.parse(data, rows)
+            except LinesMoved:
+                pass
+        raise _changed(path, line, rows, data, stop - start)
 
     def _cursor(self, path: str, index: ChunkIndex) -> _GzipCursor:
         """The file's cursor; the cursors of files read less lately than the last ``ACTIVE_CURSORS`` let go of
