@@ -6,7 +6,6 @@ import pickle
 import threading
 import warnings
 
-import numpy as np
 import pytest
 import torch
 
