@@ -17,6 +17,8 @@ STEPS = 3
 
 
 def load_example(name: str):
+    if str(ROOT / "examples") not in sys.path:  # as when run as a script: its folder's example_args imports
+        sys.path.insert(0, str(ROOT / "examples"))
     spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
