@@ -5,11 +5,16 @@ float32 224x224 output, against 0.08 ms when the memory is reused). A buffer goe
 when nothing but this pool refers to it: no Python reference to the tensor and no view of its storage. A
 trainer that keeps its batches therefore keeps distinct tensors, as with any DataLoader. Threads may take
 buffers from one pool at the same time.
+
+A buffer may also be kept *dressed* (``Dressed``): with the views a batch is written through and the tensors
+it is delivered as, made once with the buffer, so that a batch in it costs no view and no tensor made anew
+(each ``torch.from_numpy`` holds the GIL for some microseconds; a Criteo batch had six).
 """
 from __future__ import annotations
 
 import sys
 import threading
+from typing import Callable
 
 import torch
 
@@ -32,6 +37,7 @@ class BufferRing:
     def __init__(self, capacity: int):
         self.capacity = int_at_least("capacity", capacity, 0)
         self._buffers: dict[tuple, list[torch.Tensor]] = {}
+        self._dressed: dict[tuple, list[Dressed]] = {}
         self._lock = threading.Lock()
         self.reused = 0
 
@@ -46,3 +52,46 @@ class BufferRing:
             if len(kept) < self.capacity:
                 kept.append(tensor)
             return tensor
+
+    def dressed(self, shape: tuple[int, ...], dtype: torch.dtype, dress: Callable[[torch.Tensor], "Dressed"]
+                ) -> "Dressed":
+        """A kept tensor's ``Dressed`` (what ``dress`` made of the tensor when it was allocated: views of it, made
+        once) whose tensor and views nobody else holds, or a new one's."""
+        with self._lock:
+            kept = self._dressed.setdefault((tuple(shape), dtype), [])
+            for k in range(len(kept)):
+                if kept[k].free():
+                    self.reused += 1
+                    return kept[k]
+            dressed = dress(torch.empty(shape, dtype=dtype))
+            dressed.settle()
+            if len(kept) < self.capacity:
+                kept.append(dressed)
+            return dressed
+
+
+class Dressed:
+    """A buffer ``tensor`` and what is made of it once: ``views`` (name -> NumPy view of ``array``, written
+    by the batch path) and ``tensors`` (name -> torch view, delivered). It is free again when no reference to
+    the tensor, to ``array``, to any of ``views`` or ``tensors`` or to its storage is held beyond those it
+    holds itself (counted by ``settle`` when it is made): a batch being written holds its views, a delivered
+    one its tensors, and a view the trainer made of a delivered tensor shares the storage."""
+
+    def __init__(self, tensor: torch.Tensor, array, views: dict, tensors: dict[str, torch.Tensor]):
+        self.tensor = tensor
+        self.array = array  # the NumPy array of ``tensor`` that ``views`` view (any view of theirs holds it)
+        self.views = views
+        self.tensors = tensors
+        self._watched = (array, *views.values(), *tensors.values())
+        self._counts = None
+
+    def _now(self) -> tuple:
+        return (sys.getrefcount(self.tensor), torch._C._storage_Use_Count(self.tensor.untyped_storage()._cdata),
+                *map(sys.getrefcount, self._watched))
+
+    def settle(self) -> None:
+        """Count the references it holds itself: call once it is made, before anything else sees it."""
+        self._counts = self._now()
+
+    def free(self) -> bool:
+        return self._now() == self._counts

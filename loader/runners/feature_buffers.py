@@ -12,7 +12,12 @@ import numpy as np
 import torch
 
 from . import transfer
-from .buffers import BufferRing
+from .buffers import BufferRing, Dressed
+
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
 
 
 class BufferLayout:
@@ -31,6 +36,10 @@ class BufferLayout:
     def views(self, buffer: np.ndarray) -> dict[str, np.ndarray]:
         return {name: buffer[a:b].view(d).reshape(s) for name, (a, b, s, d) in self.places.items()}
 
+    def torch_views(self, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each array's place in the uint8 ``tensor`` as a torch view of it (sharing its storage)."""
+        return {name: tensor[a:b].view(_torch_dtype(d)).view(s) for name, (a, b, s, d) in self.places.items()}
+
 
 class BatchArrays:
     """The arrays of ``cpu_stages`` for batches of each size. ``delivered``: the arrays a batch's buffer
@@ -48,6 +57,7 @@ class BatchArrays:
         # once per size, as TorchRec's own loader shares them: they are never written per batch.
         self._shared: dict[int, dict[str, np.ndarray]] = {}
         self._device_shared: dict[int, dict[str, torch.Tensor]] = {}
+        self._constant_tensors: dict[int, dict[str, tuple[np.ndarray, torch.Tensor]]] = {}
         self._scratch = threading.local()
 
     def constants(self, rows: int) -> dict[str, np.ndarray]:
@@ -85,10 +95,11 @@ class BatchArrays:
             self._layouts[rows] = (BufferLayout(placed), shapes)
         return self._layouts[rows]
 
-    def arrays(self, rows: int, buffer: np.ndarray | None) -> dict[str, np.ndarray]:
-        """The arrays the CPU stages write a batch into: views of ``buffer`` for what it carries, this thread's
-        scratch for the rest, and, where the sparse values are in the buffer and one input is all of them, that
-        input as a view of them."""
+    def arrays(self, rows: int, buffer: np.ndarray | None, placed: dict[str, np.ndarray] | None = None
+               ) -> dict[str, np.ndarray]:
+        """The arrays the CPU stages write a batch into: views of ``buffer`` for what it carries (``placed``:
+        those views, made already), this thread's scratch for the rest, and, where the sparse values are in the
+        buffer and one input is all of them, that input as a view of them."""
         layout, shapes = self.layout(rows)
         scratch = self._scratch.__dict__
         # What is the same for every batch of this size on this thread (made once): the shared outputs and this
@@ -111,13 +122,49 @@ class BatchArrays:
         if buffer is None:
             arrays["index"] = arrays["valid"] = None
             return arrays
-        placed = layout.views(buffer)  # (index and valid among them)
+        if placed is None:
+            placed = layout.views(buffer)  # (index and valid among them)
         arrays.update(placed)
         alias = self._alias
         if alias is not None and alias in arrays and "sparse.values" in placed:
             arrays[alias] = placed["sparse.values"].reshape(arrays[alias].shape)
             arrays["sparse.aliased"] = alias  # what AssembleSparse then finds written already
         return arrays
+
+    def dressed(self, rows: int) -> Dressed:
+        """A CPU placement's buffer for a batch of ``rows`` from the ring, with its arrays' NumPy views (what
+        ``arrays`` takes as ``placed``) and the tensors a batch in it is delivered as, both made once per
+        buffer: a batch then costs no view and no tensor made anew."""
+        layout, _ = self.layout(rows)
+        return self._ring.dressed((layout.nbytes,), torch.uint8, lambda tensor: self._dress(rows, tensor))
+
+    def _dress(self, rows: int, tensor: torch.Tensor) -> Dressed:
+        layout, _ = self.layout(rows)
+        array = tensor.numpy()
+        return Dressed(tensor, array, layout.views(array), layout.torch_views(tensor))
+
+    def delivered(self, moving: dict[str, Any], dressed: Dressed, rows: int) -> dict[str, Any]:
+        """The batch of ``moving`` (arrays and dicts of arrays, by output name) as torch tensors: the dressed
+        buffer's own tensor for an array that is its view, the shared outputs' tensors (made once), and a
+        tensor sharing the memory of anything else."""
+        own = dressed.views
+        tensors = dressed.tensors
+        shared = self.constant_tensors(rows)
+        out: dict[str, Any] = {}
+        for name, value in moving.items():
+            if type(value) is dict:
+                out[name] = {key: _tensor_of(f"{name}.{key}", v, own, tensors, shared) for key, v in value.items()}
+            else:
+                out[name] = _tensor_of(name, value, own, tensors, shared)
+        return out
+
+    def constant_tensors(self, rows: int) -> dict[str, tuple[np.ndarray, torch.Tensor]]:
+        """The shared outputs of a batch of ``rows`` rows as (array, tensor sharing its memory), made once."""
+        shared = self._constant_tensors.get(rows)
+        if shared is None:
+            shared = self._constant_tensors[rows] = {name: (array, torch.from_numpy(array))
+                                                     for name, array in self.constants(rows).items()}
+        return shared
 
     def buffer(self, nbytes: int) -> tuple[Any, np.ndarray]:
         """A batch's buffer: (torch tensor, NumPy view): from the ring on the CPU, pinned for a GPU."""
@@ -140,3 +187,17 @@ class BatchArrays:
 
         _, layout = transfer.pack(moving, allocate)
         return allocated[0], layout
+
+
+def _tensor_of(name: str, value, own: dict, tensors: dict, shared: dict):
+    """``value`` (the output ``name``) as a torch tensor: the buffer's tensor when ``value`` is its view of it,
+    a shared output's tensor when it is that output's array, else one made to share its memory (or, for
+    anything but an array, ``transfer.convert``'s)."""
+    if type(value) is not np.ndarray:
+        return transfer.convert(value, torch.from_numpy)
+    if own.get(name) is value:
+        return tensors[name]
+    pair = shared.get(name)
+    if pair is not None and pair[0] is value:
+        return pair[1]
+    return torch.from_numpy(value)

@@ -119,7 +119,7 @@ class FeatureRunner:
             data, bad, charged, spent = self._folded.read(self._prepared, plan.indices, out, charge=timer.timing)
         else:
             data, bad = self._parse.read(self.source, plan.indices, out)
-        data["valid"] = plan.valid & ~bad
+        data["valid"] = plan.valid & ~bad if bad.any() else plan.valid  # (plan.valid itself: no bad row)
         done = 1
         if timer.timing:
             took = timer.clock() - started
@@ -144,19 +144,24 @@ class FeatureRunner:
         """The CPU stages of ``plan``'s batch, written into its buffer: on the CPU the batch itself (tensors
         viewing the buffer), for a GPU (pinned buffer tensor, unpack layout)."""
         rows = plan.indices.size
-        layout, _ = self._batch_arrays.layout(rows)
-        tensor, buffer = self._batch_arrays.buffer(layout.nbytes)
-        out = self._batch_arrays.arrays(rows, buffer)
+        if self._ring is not None:  # a CPU placement: the batch is the buffer's own tensors, made with it once
+            dressed = self._batch_arrays.dressed(rows)
+            out = self._batch_arrays.arrays(rows, dressed.array, dressed.views)
+        else:
+            layout, _ = self._batch_arrays.layout(rows)
+            tensor, buffer = self._batch_arrays.buffer(layout.nbytes)
+            out = self._batch_arrays.arrays(rows, buffer)
         data = self._cpu_data(plan, out)
         moving = {name: data[name] for name in self._crossing} if self.on_gpu else \
             transfer.plain(data, self.spec.outputs)
         out["index"][...] = plan.indices
         moving["index"] = out["index"]
-        if not data["valid"].all():  # padding, and bad rows skipped in their places
-            out["valid"][...] = data["valid"]
+        valid = data["valid"]
+        if valid is not plan.valid or not valid.all():  # padding, and bad rows skipped in their places
+            out["valid"][...] = valid
             moving["valid"] = out["valid"]
-        if self.device.type == "cpu":  # each tensor keeps the ring's buffer taken while the trainer holds it
-            return _as_tensors(moving)
+        if self._ring is not None:  # each tensor keeps the ring's buffer taken while the trainer holds it
+            return self._batch_arrays.delivered(moving, dressed, rows)
         if not self.on_gpu:  # the shared outputs are on the device already
             for name in self._batch_arrays.constants(rows):
                 group, _, key = name.partition(".")
@@ -250,17 +255,3 @@ def _nbytes(value) -> float:
         return float(sum(_nbytes(v) for v in value))
     return float(getattr(value, "nbytes", 0))
 
-
-def _as_tensors(arrays: dict[str, Any]) -> dict[str, Any]:
-    """A batch of arrays and dicts of arrays (the outputs) as torch tensors sharing their memory: one step per
-    array, where ``transfer.convert`` walks any nesting (which it still does for anything else)."""
-    out = {}
-    for name, value in arrays.items():
-        kind = type(value)
-        if kind is np.ndarray:
-            out[name] = torch.from_numpy(value)
-        elif kind is dict and all(map(np.ndarray.__instancecheck__, value.values())):
-            out[name] = {key: torch.from_numpy(v) for key, v in value.items()}
-        else:
-            out[name] = transfer.convert(value, torch.from_numpy)
-    return out
