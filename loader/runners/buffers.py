@@ -38,6 +38,7 @@ class BufferRing:
         self.capacity = int_at_least("capacity", capacity, 0)
         self._buffers: dict[tuple, list[torch.Tensor]] = {}
         self._dressed: dict[tuple, list[Dressed]] = {}
+        self._turn: dict[tuple, int] = {}
         self._lock = threading.Lock()
         self.reused = 0
 
@@ -57,11 +58,16 @@ class BufferRing:
                 ) -> "Dressed":
         """A kept tensor's ``Dressed`` (what ``dress`` made of the tensor when it was allocated: views of it, made
         once) whose tensor and views nobody else holds, or a new one's."""
+        key = (tuple(shape), dtype)
         with self._lock:
-            kept = self._dressed.setdefault((tuple(shape), dtype), [])
-            for k in range(len(kept)):
+            kept = self._dressed.setdefault(key, [])
+            n = len(kept)
+            first = self._turn.get(key, 0)  # after the last one handed out: the oldest, likely free by now
+            for j in range(n):
+                k = (first + j) % n
                 if kept[k].free():
                     self.reused += 1
+                    self._turn[key] = k + 1
                     return kept[k]
             dressed = dress(torch.empty(shape, dtype=dtype))
             dressed.settle()
