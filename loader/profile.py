@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 from ..pipelines.validate import positive_int
 from . import profile_advice as advice
-from .placement.profiler import profile as profile_stages
-from .profile_run import measure, measure_handoff
+from .placement.profiler import buffer_batches, profile as profile_stages
+from .profile_run import measure, measure_handoff, warmup_batches
 
 PROFILE_BATCHES = 5   # batches the per-stage profile times on one thread (after one warm-up batch)
 _last: "weakref.WeakKeyDictionary[Any, Profile]" = weakref.WeakKeyDictionary()
@@ -60,15 +60,22 @@ class Profile:
 
 
 def profile_loader(loader, *, batches: int = 40, trainer_step_ms: float | str | None = None,
-                   train_step: Callable[[dict], Any] | None = None) -> Profile:
+                   train_step: Callable[[dict], Any] | None = None, warmup: int | None = None) -> Profile:
     """Profile ``loader`` (a ``feedline.loader.Loader``) between iterations; its position is given back as it
     was. ``batches``: batches timed per measurement. ``trainer_step_ms``: a simulated trainer step (milliseconds,
     or ``"auto"``: the loader's own batch time); ``train_step``: your own step, called with each batch. With
-    either, the profile adds the delivered rate, the trainer's waits and the headroom."""
+    either, the profile adds the delivered rate, the trainer's waits and the headroom. ``warmup``: batches taken
+    untimed before the capacity is timed (default ``profile_run.warmup_batches``: as many as are timed, at least
+    the Loader's read-ahead and a table's first two shuffle buffer-fulls), so that the rate measured is the steady
+    state's that the model predicts, not the Loader's start."""
     if not all(hasattr(loader, name) for name in ("pipeline", "config", "state_dict", "load_state_dict")):
         raise TypeError(f"loader must be a feedline.loader.Loader, got {type(loader).__name__}")
     positive_int("batches", batches)
-    measured = measure(loader, batches=batches, trainer_step_ms=trainer_step_ms, train_step=train_step)
+    if warmup is None:
+        warmup = warmup_batches(batches, loader.prefetch, buffer_batches(_orders(loader), loader.batch_size),
+                                len(loader))
+    measured = measure(loader, batches=batches, trainer_step_ms=trainer_step_ms, train_step=train_step,
+                       warmup=warmup)
     spec = loader.pipeline
     config = loader.config
     cut, threads = loader.cut, loader.num_threads

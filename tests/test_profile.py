@@ -382,7 +382,8 @@ def test_auto_placement_profiles_only_the_samples_it_makes(image_dir):
 
 def test_a_cache_that_changes_while_the_capacity_is_measured_is_said(image_dir):
     with Loader(image.val(image_dir, size=32), 4, placement="cpu", cache="on") as loader:
-        profile = profile_loader(loader, batches=2 * len(loader))  # the first epoch fills the cache, the next reads it
+        # the first epoch fills the cache, the next reads it (timed from the start: no steady state to wait for)
+        profile = profile_loader(loader, batches=2 * len(loader), warmup=1 + loader.prefetch)
     before, after = profile.measured["cache_before"], profile.measured["cache_after"]
     assert before["samples_held"] < after["samples_held"] == len(loader.source) and after["use"]
     note = next(n for n in profile.notes if n.startswith("cache changed while the capacity was measured"))
