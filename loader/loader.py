@@ -70,7 +70,9 @@ class Loader:
         self.shuffle_buffer = shuffle_buffer_rows(pipeline, shuffle_buffer)
         # Every sample left out, whoever met it: this Loader's runners, its table source, its remote workers.
         self.skips = SkipLog()
-        self._opened = OpenedPipeline(pipeline, cache=self.cache, shuffle_buffer=self.shuffle_buffer, skips=self.skips)
+        # One rank, no remote workers: a gzip table may be indexed while its first batches are made.
+        self._opened = OpenedPipeline(pipeline, cache=self.cache, shuffle_buffer=self.shuffle_buffer, skips=self.skips,
+                                      lazy_index=remote is None and world_size == 1)
         self.source = self._opened.source
         self.sampler = self._opened.order(batch_size, seed, rank=rank, world_size=world_size,
                                           shuffle=pipeline.default_shuffle if shuffle is None else shuffle,
@@ -152,7 +154,8 @@ class Loader:
             self._stream.close()
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank (with ``on_error="skip"``, skips can make an epoch shorter)."""
+        """Batches per epoch on this rank (with ``on_error="skip"``, skips can make an epoch shorter). While a
+        gzip table's index is still being built (a first open), an estimate; exact once it is complete."""
         return len(self.sampler)
 
     def _open_stream(self) -> None:

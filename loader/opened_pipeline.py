@@ -25,14 +25,18 @@ class OpenedPipeline:
     source leaves out goes to ``skips``; ``shuffle_buffer`` is a table's buffer in rows (None for images)."""
 
     def __init__(self, pipeline: PipelineSpec, *, cache: CacheSettings, shuffle_buffer: int | None,
-                 skips: SkipLog):
+                 skips: SkipLog, lazy_index: bool = False):
+        """``lazy_index``: a table of one gzip file may be indexed while its first rows are read (one rank, no
+        remote workers: ``ChunkedTable``'s ``lazy_index``); never for a mix."""
         self.pipeline, self.cache, self.shuffle_buffer, self.skips = pipeline, cache, shuffle_buffer, skips
+        self.lazy_index = lazy_index and not isinstance(pipeline, MixSpec)
         self.caches = ImageCaches(cache)  # the image stores, kept across the runners they serve
         self.source = MixedSources(pipeline, self._open) if isinstance(pipeline, MixSpec) else \
             self._open(pipeline.source)
 
     def _open(self, declared):
-        return open_source(declared, cache_rows=2 * (self.shuffle_buffer or 0), skips=self.skips, cache=self.cache)
+        return open_source(declared, cache_rows=2 * (self.shuffle_buffer or 0), skips=self.skips, cache=self.cache,
+                           lazy_index=self.lazy_index)
 
     def order(self, batch_size: int, seed: int, **kwargs):
         """The order of the source: an exact permutation of samples, or, for a streamed table, chunks and a
@@ -42,7 +46,7 @@ class OpenedPipeline:
                             **kwargs)
         if isinstance(self.source, ChunkedTable):
             return StreamOrder(self.source.chunk_rows, self.source.chunk_groups, batch_size, seed=seed,
-                               buffer_rows=self.shuffle_buffer, **kwargs)
+                               buffer_rows=self.shuffle_buffer, table=self.source, **kwargs)
         return EpochSampler(len(self.source), batch_size, seed=seed, **kwargs)
 
     def probe_order(self, batch_size: int, seed: int):

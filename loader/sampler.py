@@ -84,9 +84,13 @@ class Order:
     def per_rank(self) -> int:
         """Samples (padding included) each rank delivers per epoch: with ``DROP`` its whole batches, else
         ``ceil(N / world_size)``, with ``PAD`` filled up to whole batches."""
+        return self.per_rank_of(self.num_samples)
+
+    def per_rank_of(self, num_samples: int) -> int:
+        """``per_rank`` for a dataset of ``num_samples`` (it never falls as ``num_samples`` grows)."""
         if self.last_batch is LastBatch.DROP:
-            return (self.num_samples // self.world_size) // self.batch_size * self.batch_size
-        samples = -(-self.num_samples // self.world_size)
+            return (num_samples // self.world_size) // self.batch_size * self.batch_size
+        samples = -(-num_samples // self.world_size)
         if self.last_batch is LastBatch.PAD:
             samples = -(-samples // self.batch_size) * self.batch_size
         return samples

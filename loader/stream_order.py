@@ -17,6 +17,7 @@ numbered over the files in order.
 """
 from __future__ import annotations
 
+import threading
 from typing import Iterator
 
 import numpy as np
@@ -38,21 +39,124 @@ class StreamOrder(Order):
 
     def __init__(self, chunk_rows, chunk_groups, batch_size: int, *, shuffle: bool = True, seed: int = 0,
                  rank: int = 0, world_size: int = 1, last_batch: LastBatch | str = LastBatch.PARTIAL,
-                 buffer_rows: int = DEFAULT_BUFFER_ROWS):
-        self.chunk_rows = np.asarray(chunk_rows, dtype=np.int64)
-        self.chunk_groups = np.asarray(chunk_groups, dtype=np.int64)
-        self._arguments(int(self.chunk_rows.sum()), batch_size, shuffle=shuffle, seed=seed, rank=rank,
-                        world_size=world_size, last_batch=last_batch, num_samples_name="rows")
-        self.buffer_rows = positive_int("shuffle_buffer", buffer_rows)
-        self.first_row = np.concatenate([[0], np.cumsum(self.chunk_rows)[:-1]]).astype(np.int64)
-        starts = np.flatnonzero(np.diff(self.chunk_groups, prepend=-1) != 0)
-        self._group_chunks = np.split(np.arange(self.chunk_rows.size), starts[1:])
+                 buffer_rows: int = DEFAULT_BUFFER_ROWS, table=None):
+        """``table``: the table the chunks are of; while its index is still being built (``table.pending``: a
+        gzip file opened lazily, ``chunk_rows`` then its chunks so far), see "An index still being built"."""
+        self._lazy = None
+        self._lazy_lock = threading.Lock()
         self._epoch_order: tuple = (None, None, None)  # the last epoch's chunk order and its rows' starts
         self._last_window: tuple = (None, None)
         self._kept_windows: list = []  # ((epoch, window), rows, valid), the latest first
+        self.buffer_rows = positive_int("shuffle_buffer", buffer_rows)
+        if table is not None and table.pending and world_size == 1 and np.unique(chunk_groups).size <= 1:
+            try:  # (the arguments checked against the rows indexed so far; a check they fail waits for all)
+                self._arguments(int(table.num_rows), batch_size, shuffle=shuffle, seed=seed, rank=rank,
+                                world_size=world_size, last_batch=last_batch, num_samples_name="rows")
+                self._lazy = table
+            except ValueError:
+                table.wait_rows(1 << 62)
+        if self._lazy is None:
+            if table is not None and table.pending:
+                table.wait_rows(1 << 62)
+            if table is not None:
+                chunk_rows, chunk_groups = table.chunk_rows, table.chunk_groups
+            self._set_chunks(chunk_rows, chunk_groups)
+            self._arguments(int(self.chunk_rows.sum()), batch_size, shuffle=shuffle, seed=seed, rank=rank,
+                            world_size=world_size, last_batch=last_batch, num_samples_name="rows")
+
+    def _set_chunks(self, chunk_rows, chunk_groups) -> None:
+        self.chunk_rows = np.asarray(chunk_rows, dtype=np.int64)
+        self.chunk_groups = np.asarray(chunk_groups, dtype=np.int64)
+        self.first_row = np.concatenate([[0], np.cumsum(self.chunk_rows)[:-1]]).astype(np.int64)
+        starts = np.flatnonzero(np.diff(self.chunk_groups, prepend=-1) != 0)
+        self._group_chunks = np.split(np.arange(self.chunk_rows.size), starts[1:])
+
+    # ---- an index still being built ----------------------------------------------------------------
+    # A single gzip file opened lazily is one group: its chunks in file order whatever the seed, so the
+    # epoch's row sequence is the file's rows and window w holds rows [w*B, (w+1)*B) in the window's seeded
+    # order (one rank: its share starts at row 0). That needs no row count until the last window: a window
+    # whose end the index already covers (N >= (w+1)*B, after DROP's rounding) is full, and a batch ending
+    # before the rows indexed is not the epoch's last. So batches are made as soon as the index covers them,
+    # and are the very batches of the complete index; once the index is complete the order is the plain one.
+    # What needs the row count (``num_samples``, ``per_rank``, ``positions``, ``for_rank``, a saved state)
+    # waits for the index; ``len()`` is an estimate until then.
+
+    @property
+    def num_samples(self) -> int:
+        if self._lazy is not None:
+            self._finish(wait=True)
+        return self._num_samples
+
+    @num_samples.setter
+    def num_samples(self, value: int) -> None:
+        self._num_samples = value
+
+    def _finish(self, *, wait: bool) -> bool:
+        """The row count taken from the table once its index is complete (waiting for it with ``wait``);
+        whether the order is complete now."""
+        table = self._lazy
+        if table is None:
+            return True
+        if table.pending:
+            if not wait:
+                return False
+            table.wait_rows(1 << 62)  # (holding no lock: the batch thread goes on with the rows indexed meanwhile)
+        with self._lazy_lock:
+            if self._lazy is None:
+                return True
+            self._set_chunks(table.chunk_rows, table.chunk_groups)
+            self._num_samples = int(self.chunk_rows.sum())  # (before the order reads as complete)
+            self._lazy = None
+            self._arguments(int(self.chunk_rows.sum()), self.batch_size, shuffle=self.shuffle, seed=self.seed,
+                            rank=self.rank, world_size=self.world_size, last_batch=self.last_batch,
+                            num_samples_name="rows")
+            return True
+
+    def __len__(self) -> int:
+        """Batches this rank yields per epoch: while the table's index is being built, an estimate (from the
+        table's estimate of its rows), exact once it is complete."""
+        if self._lazy is not None and not self._finish(wait=False):
+            table = self._lazy
+            if table is not None:
+                return -(-self.per_rank_of(max(table.estimate_rows(), table.num_rows)) // self.batch_size)
+        return super().__len__()
+
+    def _lazy_epoch(self, epoch: int, start: int, number: int) -> Iterator[BatchPlan]:
+        """The epoch's plans from position ``start`` (batch ``number``), each made once the index covers it."""
+        size, buffer = self.batch_size, self.buffer_rows
+        a = start
+        while True:
+            table = self._lazy
+            if table is None or self._finish(wait=False):
+                yield from self.epoch(epoch, start_sample=a, first_batch=number)
+                return
+            b = (a // size + 1) * size
+            # Full windows up to the one holding position b - 1, and a position past b: not the last batch.
+            target = max(-(-b // buffer) * buffer, b + 1)
+            need = -(-target // size) * size if self.last_batch is LastBatch.DROP else target
+            known, complete = table.wait_rows(need)
+            if complete or self.per_rank_of(known) < target:
+                continue
+            yield BatchPlan(self._lazy_rows(epoch, a, b), np.ones(b - a, dtype=bool), epoch, a, False, number, None)
+            a, number = b, number + 1
+
+    def _lazy_rows(self, epoch: int, start: int, stop: int) -> np.ndarray:
+        """Rows of positions ``[start, stop)`` of full windows (one group, one rank: position p of window w is
+        row w * B + the window's order at p - w * B)."""
+        buffer = self.buffer_rows
+        out = np.empty(stop - start, dtype=np.int64)
+        p = start
+        while p < stop:
+            w_start = p // buffer * buffer
+            take = min(stop, w_start + buffer) - p
+            perm = self._window(epoch, p // buffer, buffer)
+            out[p - start:p - start + take] = perm[p - w_start:p - w_start + take] + w_start
+            p += take
+        return out
 
     def for_rank(self, rank: int, world_size: int) -> "StreamOrder":
         """The chunk order and its rows' starts are every rank's; the shuffled windows are this rank's."""
+        self._finish(wait=True)
         other = super().for_rank(rank, world_size)
         other._last_window, other._kept_windows = (None, None), []
         return other
@@ -120,6 +224,10 @@ class StreamOrder(Order):
     def epoch(self, epoch: int, start_batch: int = 0, *, start_sample: int | None = None,
               first_batch: int | None = None) -> Iterator[BatchPlan]:
         """The epoch's plans, made lazily (memory does not grow with the rows)."""
+        if self._lazy is not None and not self._finish(wait=False):
+            start = start_batch * self.batch_size if start_sample is None else start_sample
+            yield from self._lazy_epoch(epoch, start, start // self.batch_size if first_batch is None else first_batch)
+            return
         number, spans = self.spans(epoch, start_batch, start_sample=start_sample, first_batch=first_batch)
         shard = self.per_rank
         for k, (a, b) in enumerate(spans):

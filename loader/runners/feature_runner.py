@@ -109,7 +109,8 @@ class FeatureRunner:
         read ahead into the table's cache. The ``parts`` consecutive plans of a shuffled buffer-full each read
         all its chunks, so together they read each once; an epoch's last buffer-full may have fewer plans, so
         its last plan asks for all its chunks."""
-        chunks = touched_chunks(plan.indices, self.source.first_row, self.num_samples)  # (a kernel: no GIL held)
+        # (the table's count now: a gzip table's index may grow while it is read)
+        chunks = touched_chunks(plan.indices, self.source.first_row, self.source.num_rows)  # (a kernel: no GIL held)
         self._warmed.warm((chunks if plan.last else chunks[chunks % parts == part]).tolist())
 
     # ---- the CPU part ---------------------------------------------------------------------------------

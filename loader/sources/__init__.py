@@ -10,12 +10,13 @@ from .chunked import ChunkedTable
 
 
 def open_source(declared, *, cache_rows: int = 1 << 18, skips: SkipLog | None = None,
-                cache: CacheSettings | None = None) -> ImageFiles | ChunkedTable:
+                cache: CacheSettings | None = None, lazy_index: bool = False) -> ImageFiles | ChunkedTable:
     """The opened source of a pipeline (``spec.source``): image files listed once, or tabular files indexed
     to be read chunk by chunk (``cache_rows``: parsed rows kept in memory at most). A Loader opens its source
     once and shares it with every runner it builds. A table lists its bad rows and files in ``skips`` (the
     Loader's log; default: one of its own). ``cache``: a text table's parsed chunks may be kept converted on
-    disk (``table_cache``; None: never)."""
+    disk (``table_cache``; None: never). ``lazy_index``: a single gzip text file may be indexed while it is
+    read (``ChunkedTable``)."""
     if isinstance(declared, ImageFolder):
         return open_folder(declared)
     if isinstance(declared, FileList):
@@ -29,7 +30,7 @@ def open_source(declared, *, cache_rows: int = 1 << 18, skips: SkipLog | None = 
         if declared.format in (FileFormat.TSV, FileFormat.CSV):
             from .table_cache import text_format
             return ChunkedTable(declared, text_format(declared, cache, cache_rows), cache_rows=cache_rows,
-                                skips=skips)
+                                skips=skips, lazy_index=lazy_index)
         if declared.format is FileFormat.COLUMNAR:
             from .columnar import ColumnarFormat
             return ChunkedTable(declared, ColumnarFormat(declared.columns), cache_rows=cache_rows,

@@ -43,6 +43,11 @@ class ChunkCache:
         self._lock = threading.Lock()
         self._loading = SingleFlight(self._lock)
 
+    def grow(self, chunk_rows: np.ndarray, limit_rows: int) -> None:
+        """The table has more chunks (an index built while read): ``chunk_rows`` extends the one given before."""
+        with self._lock:
+            self._chunk_rows, self.limit_rows = chunk_rows, limit_rows
+
     def load_missing(self, chunks: list[int], load: Callable[[int], PackedChunk]) -> None:
         """Read, one at a time, the chunks of ``chunks`` that nobody has yet or is reading: threads reading the
         same chunks (plans of one shuffle buffer-full) then share the parsing instead of waiting for each

@@ -107,31 +107,38 @@ class ChunkedTable:
     """An opened tabular source: ``num_rows`` rows over ``paths``, read by chunk through ``read(rows)``. Keeps
     at most ``cache_rows`` rows of parsed chunks, plus ``CHUNKS_BEYOND`` of the largest chunks."""
 
-    def __init__(self, files: TabularFiles, reader: ChunkFormat, *, cache_rows: int, skips: SkipLog | None = None):
+    def __init__(self, files: TabularFiles, reader: ChunkFormat, *, cache_rows: int, skips: SkipLog | None = None,
+                 lazy_index: bool = False):
+        """``lazy_index``: a single gzip file whose index is not remembered may be indexed on a thread while its
+        first rows are read (``growing``; see ``wait_rows``); the caller then reads only rows below
+        ``num_rows`` (the rows indexed so far) until ``pending`` is False."""
         self.columns: tuple[Column, ...] = files.columns
         self.on_error = files.on_error
         self.skips = SkipLog() if skips is None else skips  # bad rows and files met (``skipped``)
         self.paths = expand(files.paths)
         self.reader = reader
-        indexes, self.file_of, groups = [], [], []
-        for f, path in enumerate(self.paths):
-            index = reader.index(path)
-            if not index.rows.size or not index.rows.sum():
-                bad_row(self.on_error, self.skips, path, None, "file is empty")
-            indexes.append(index)
-            self.file_of += [f] * index.rows.size
-            # A chunk of group -1 stands alone (read on its own); others share their group within the file.
-            groups += [(f, int(g)) if g >= 0 else (f, -1 - k) for k, g in enumerate(index.groups.tolist())]
-        self.indexes = indexes
-        self.file_of = np.asarray(self.file_of, dtype=np.int64)
-        self.chunk_local = np.concatenate([np.arange(i.rows.size) for i in indexes] or [np.zeros(0, np.int64)])
-        self.chunk_rows = np.concatenate([i.rows for i in indexes] or [np.zeros(0, np.int64)]).astype(np.int64)
-        numbers: dict[tuple[int, int], int] = {}
-        self.chunk_groups = np.asarray([numbers.setdefault(g, len(numbers)) for g in groups], dtype=np.int64)
-        self.first_row = np.concatenate([[0], np.cumsum(self.chunk_rows)[:-1]]).astype(np.int64)
-        self.num_rows = int(self.chunk_rows.sum())
         self.requested_cache_rows = cache_rows  # what open_source was given: another process opens it alike
-        self.cache_rows = cache_rows + CHUNKS_BEYOND * int(self.chunk_rows.max(initial=0))
+        self._cache: ChunkCache | None = None
+        self._lock = threading.Lock()
+        self._file_bytes = sum(_size(p) for p in self.paths)
+        self.growing = None  # the index being built (``growing_index.GrowingIndex``), or None
+        if lazy_index and len(self.paths) == 1 and hasattr(reader, "index_lazily") \
+                and not getattr(reader, "header", False):
+            self.growing = reader.index_lazily(self.paths[0], self._published, self._completed)
+        if self.growing is None:
+            indexes = []
+            for path in self.paths:
+                index = reader.index(path)
+                if not index.rows.size or not index.rows.sum():
+                    bad_row(self.on_error, self.skips, path, None, "file is empty")
+                indexes.append(index)
+            self._set_index(indexes)
+        else:
+            # The first buffer-full indexed (or the whole file, if shorter), so that readers plan with it.
+            _, complete = self.growing.wait_rows(max(cache_rows // 2, 1))
+            if complete and not self.num_rows:
+                bad_row(self.on_error, self.skips, self.paths[0], None, "file is empty")
+        self.bytes_per_row = self._file_bytes / max(self.estimate_rows(), 1)
         if self.num_rows == 0:
             raise RowError(", ".join(self.paths), None, f"no rows ({len(self.skipped)} file(s) skipped)")
         self._floats = [c.name for c in self.columns if c.kind is ColumnKind.FLOAT]
@@ -139,18 +146,66 @@ class ChunkedTable:
         self._ints = [c.name for c in self.columns if c.name not in self._floats and c.name not in self._lists]
         self._block_column = {name: j for j, name in enumerate(self._ints + self._floats)}
         self._picks: dict[tuple, np.ndarray] = {}
-        self._cache = ChunkCache(self.chunk_rows, self.cache_rows, reads_into=hasattr(reader, "load_block"))
-        self._lock = threading.Lock()
         self._prepared: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-        self.bytes_per_row = sum(_size(p) for p in self.paths) / self.num_rows
         # Bytes a cached row takes (what a gather reads from): a format's own, else parsed blocks' (an int64 or
         # float64 value and a missing flag per scalar column).
         scalars = len(self._ints) + len(self._floats)
         sizes = [getattr(reader, "cached_row_bytes", lambda path: None)(p) for p in self.paths]
         self.cached_row_bytes = max((s if s is not None else 9.0 * scalars for s in sizes), default=9.0 * scalars)
 
+    def _set_index(self, indexes: list[ChunkIndex]) -> None:
+        """The table's chunks from its files' indexes (again, each time a lazily built index grows: the arrays
+        are replaced, never changed in place, and ``num_rows`` is set last)."""
+        file_of, groups = [], []
+        for f, index in enumerate(indexes):
+            file_of += [f] * index.rows.size
+            # A chunk of group -1 stands alone (read on its own); others share their group within the file.
+            groups += [(f, int(g)) if g >= 0 else (f, -1 - k) for k, g in enumerate(index.groups.tolist())]
+        chunk_rows = np.concatenate([i.rows for i in indexes] or [np.zeros(0, np.int64)]).astype(np.int64)
+        numbers: dict[tuple[int, int], int] = {}
+        cache_rows = self.requested_cache_rows + CHUNKS_BEYOND * int(chunk_rows.max(initial=0))
+        if self._cache is None:
+            self._cache = ChunkCache(chunk_rows, cache_rows, reads_into=hasattr(self.reader, "load_block"))
+        else:
+            self._cache.grow(chunk_rows, cache_rows)
+        self.indexes = list(indexes)
+        self.file_of = np.asarray(file_of, dtype=np.int64)
+        self.chunk_local = np.concatenate([np.arange(i.rows.size) for i in indexes] or [np.zeros(0, np.int64)])
+        self.chunk_rows = chunk_rows
+        self.chunk_groups = np.asarray([numbers.setdefault(g, len(numbers)) for g in groups], dtype=np.int64)
+        self.first_row = np.concatenate([[0], np.cumsum(chunk_rows)[:-1]]).astype(np.int64)
+        self.cache_rows = cache_rows
+        self.num_rows = int(chunk_rows.sum())
+
+    # ---- a gzip file indexed while it is read (``lazy_index``) --------------------------------------
+    def _published(self, index: ChunkIndex, complete: bool) -> None:
+        """(The scan's thread.) More of the file's chunks closed; all of them when ``complete``."""
+        self._set_index([index])
+
+    def _completed(self, index: ChunkIndex) -> None:
+        """(The scan's thread, the index complete and kept.)"""
+        self.bytes_per_row = self._file_bytes / max(self.num_rows, 1)
+
+    @property
+    def pending(self) -> bool:
+        """Whether the table's index is still being built (``num_rows`` then counts the rows indexed so far)."""
+        return self.growing is not None and not self.growing.complete
+
+    def wait_rows(self, rows: int) -> tuple[int, bool]:
+        """Until at least ``rows`` rows are indexed or the index is complete: ``(num_rows, complete)``. Raises
+        the error the index's scan met (naming the file)."""
+        if self.growing is None:
+            return self.num_rows, True
+        return self.growing.wait_rows(rows)
+
+    def estimate_rows(self) -> int:
+        """The table's rows: ``num_rows`` once the index is complete, else an estimate from the compressed bytes
+        indexed so far."""
+        return self.num_rows if self.growing is None else self.growing.estimate_rows()
+
     def __len__(self) -> int:
-        return self.num_rows
+        """Rows: exact, so while ``pending`` it waits for the index (``num_rows`` counts the rows indexed so far)."""
+        return self.wait_rows(1 << 62)[0] if self.pending else self.num_rows
 
     def where(self, row: int) -> str:
         c = int(np.searchsorted(self.first_row, row, side="right") - 1)
@@ -207,7 +262,15 @@ class ChunkedTable:
         ops.gather_columns(chunk.block, self.picks(label, dense, categorical), local, local - start,
                            missing_id=missing_id, label=label_out, dense=dense_out, ids=ids_out)
 
-    def prepared_rows(self, key, layout: ops.RowLayout, prepare, *, read_stage: str):
+    @property
+    def prepared_rows(self):
+        """``_prepared_rows``, where the table's chunks are known: a table whose index is still being built has
+        none (its per-chunk blocks are sized by the chunk count), so a runner made meanwhile gathers raw rows."""
+        if self.pending:
+            raise AttributeError("prepared_rows: the table's index is still being built")
+        return self._prepared_rows
+
+    def _prepared_rows(self, key, layout: ops.RowLayout, prepare, *, read_stage: str):
         """The table's rows in finished form (``PreparedRows``), shared by everybody asking with an equal
         ``key`` while any of them holds it."""
         from .prepared import PreparedRows

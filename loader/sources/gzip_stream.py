@@ -54,6 +54,11 @@ class GzipStream:
         return Mark(self.position, self._file.tell() - len(self._input), None if d is None else d.copy(),
                     self._started)
 
+    @property
+    def compressed_position(self) -> int:
+        """Bytes of the file given to the decompressor so far (how far through the file the stream is)."""
+        return self._file.tell() - len(self._input)
+
     @classmethod
     def resume(cls, path: str, mark: Mark) -> GzipStream:
         """A new stream of ``path`` that goes on from ``mark`` (the mark stays usable)."""

@@ -5,9 +5,11 @@ parsing it again, with no ``feedline convert`` by hand.
 Where: beside each file in a hidden folder (``.<file>.feedline-tablecache``, which no glob over the data
 matches); where the folder cannot be written, in ``FEEDLINE_INDEX_DIR``; with ``CacheSettings.directory``,
 there. Inside, one folder per key: the file's content fingerprint (``index_store.Fingerprint``), the parse's
-definition (columns, syntax, header layout, the chunks' bounds) and a digest of the parser's own source, so a
-changed file or definition (or parser) never reads an older conversion; folders of an older fingerprint of
-the file are removed. A chunk read from the cache is used only while the file still has the fingerprint's
+definition (columns, syntax, header layout, the line index's chunk size) and a digest of the parser's own
+source, so a changed file or definition (or parser) never reads an older conversion; folders of an older
+fingerprint of the file are removed. Each chunk file carries a key of its own, the folder's with the chunk's
+bounds (bytes, first line, rows), so a chunk is read back only into the very chunk it was made from, and the
+key is known before the file's index is complete (a gzip file indexed while it is read, ``index_lazily``). A chunk read from the cache is used only while the file still has the fingerprint's
 size, times and inode (one ``stat``); otherwise it is parsed, which meets the change as parsing does.
 
 Whether: ``cache_policy.decide`` on measured figures. Until it has them every parsed chunk is written (and, for
@@ -24,6 +26,7 @@ import logging
 import os
 import shutil
 import statistics
+import struct
 import sys
 import threading
 import time
@@ -40,6 +43,7 @@ from .cached_chunks import ParsedChunk
 from .chunk_cache import PackedChunk
 from .chunked import ChunkIndex
 from .index_store import INDEX_DIR_ENV, Fingerprint
+from . import line_index
 from .table_rows import RowError
 from .text import TextFormat
 
@@ -78,6 +82,31 @@ class CachedTextFormat(TextFormat):
         self._indexes[path] = index
         return index
 
+    def index_lazily(self, path: str, on_publish, on_complete=None):
+        """``TsvFormat.index_lazily``, the file's chunks cached as they are parsed from the start: its key needs
+        no chunk list, and until the index is complete its rows are the scan's estimate."""
+        before = Fingerprint.of(path)
+        growing = None
+
+        def published(index: ChunkIndex, complete: bool) -> None:
+            self._indexes[path] = index
+            if not complete:  # (complete: added again below, with the content checked)
+                estimate = index.rows.sum() if growing is None else max(growing.estimate_rows(), index.rows.sum())
+                self.cache.add(path, index, before, self._definition(), rows=int(estimate))
+            on_publish(index, complete)
+
+        def completed(index: ChunkIndex) -> None:
+            same = Fingerprint.of(path) == before
+            self.cache.add(path, index, before if same else None, self._definition())
+            if on_complete is not None:
+                on_complete(index)
+
+        self.cache.add(path, ChunkIndex.empty(), before, self._definition(), rows=0)
+        growing = super().index_lazily(path, published, completed)
+        if growing is None:
+            self.cache.forget(path)
+        return growing
+
     def cached_row_bytes(self, path: str) -> float | None:
         """Bytes a row of a kept chunk takes where the cache is to be read (``ChunkedTable`` plans its gathers by
         it: narrow records are gathered as they are, not first prepared, as a converted table's), from a kept
@@ -86,7 +115,7 @@ class CachedTextFormat(TextFormat):
             self._row_bytes = 0.0
             first = next(iter(self._indexes), None)
             if first is not None and self.cache.expected() and self._indexes[first].rows.size:
-                layout = self.cache.stored_layout(first, 0)
+                layout = self.cache.stored_layout(first, 0, _bounds(self._indexes[first], 0))
                 if layout is None:
                     try:
                         parsed = self.load(first, self._indexes[first], 0)
@@ -116,12 +145,17 @@ class CachedTextFormat(TextFormat):
             return packed, ParsedChunk(np.ascontiguousarray(ints, dtype=np.int64), floats,
                                        np.asarray(parsed.missing, dtype=bool), packed.lists, packed.bad,
                                        packed.reasons)
-        return self.cache.load(path, chunk, int(index.rows[chunk]), parse)
+        return self.cache.load(path, chunk, _bounds(index, chunk), parse)
 
     @property
     def cache_decision(self) -> CacheDecision:
         """Whether the table's converted chunks are used, and why."""
         return self.cache.decision
+
+
+def _bounds(index: ChunkIndex, chunk: int) -> tuple[int, int, int, int]:
+    """A chunk's bytes, first line and rows."""
+    return (int(index.starts[chunk]), int(index.stops[chunk]), int(index.lines[chunk]), int(index.rows[chunk]))
 
 
 class _File:
@@ -130,6 +164,7 @@ class _File:
     def __init__(self, path: str, key: bytes | None, fingerprint: Fingerprint | None, candidates: list[str],
                  definition: dict):
         self.path, self.key, self.fingerprint, self.definition = path, key, fingerprint, definition
+        self.rows = self.chunks = 0  # what the table's counts hold of this file
         self.candidates = candidates  # key folders, in the order they are tried for writing
         self.readable = [c for c in candidates if os.path.isdir(c)]
         self.folder: str | None = None  # where this process writes ("" when nowhere can be)
@@ -186,22 +221,39 @@ class TableCache:
         self._first = True
         self.decision = pending("table", settings)
 
-    def add(self, path: str, index: ChunkIndex, fingerprint: Fingerprint | None, definition: dict) -> None:
-        self.rows += int(index.rows.sum())
-        self.chunks += int(index.rows.size)
-        key = None
-        if fingerprint is not None:
-            doc = {"version": VERSION, "fingerprint": _content(fingerprint), "definition": definition,
-                   "parser": _parser_digest(), "chunks": [a.tolist() for a in (index.starts, index.stops,
-                                                                               index.lines, index.rows)]}
-            key = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).digest()[:cached_chunks.KEY_BYTES]
-        folders = _cache_folders(path, self.settings)
-        if fingerprint is not None:
-            for folder in folders:
-                _remove_other_versions(folder, fingerprint)
-        self.files[path] = _File(path, key, fingerprint, [os.path.join(f, key.hex()) for f in folders] if key else [],
-                                 definition)
+    def add(self, path: str, index: ChunkIndex, fingerprint: Fingerprint | None, definition: dict, *,
+            rows: int | None = None) -> None:
+        """The file ``path`` indexed as ``index``; ``rows``: its rows where the index is not yet complete (an
+        estimate). A file added again (its index grown) keeps its key and folders while its content is the same;
+        its rows and chunks are counted once."""
+        rows = int(index.rows.sum()) if rows is None else int(rows)
+        old = self.files.get(path)
+        if old is not None:
+            self.rows -= old.rows
+            self.chunks -= old.chunks
+        if old is None or old.fingerprint != fingerprint or old.definition != definition:
+            key = None
+            if fingerprint is not None:
+                doc = {"version": VERSION, "fingerprint": _content(fingerprint), "definition": definition,
+                       "parser": _parser_digest(), "chunking": [line_index.CHUNK_BYTES, line_index.MAX_LINE_BYTES]}
+                key = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).digest()[:cached_chunks.KEY_BYTES]
+            folders = _cache_folders(path, self.settings)
+            if fingerprint is not None and old is None:
+                for folder in folders:
+                    _remove_other_versions(folder, fingerprint)
+            old = self.files[path] = _File(path, key, fingerprint,
+                                           [os.path.join(f, key.hex()) for f in folders] if key else [], definition)
+        old.rows, old.chunks = rows, int(index.rows.size)
+        self.rows += old.rows
+        self.chunks += old.chunks
         self.decision = pending(_what(self.files), self.settings)
+
+    def forget(self, path: str) -> None:
+        """``path`` is not this table's after all (added for a lazy index that was not needed)."""
+        old = self.files.pop(path, None)
+        if old is not None:
+            self.rows -= old.rows
+            self.chunks -= old.chunks
 
     def expected(self) -> bool:
         """Whether the cache is to be read (before measuring: not OFF, and with AUTO a table larger than the
@@ -209,23 +261,27 @@ class TableCache:
         return self.settings.mode is CacheMode.ON or (self.settings.mode is CacheMode.AUTO
                                                       and self.rows > self.memory_rows)
 
-    def stored_layout(self, path: str, chunk: int):
+    def stored_layout(self, path: str, chunk: int, bounds: tuple[int, int, int, int]):
         f = self.files[path]
         for folder in f.readable if f.key is not None else ():
-            layout = cached_chunks.stored_layout(folder, chunk, f.key, self._shape[0])
+            layout = cached_chunks.stored_layout(folder, chunk, _chunk_key(f.key, bounds), self._shape[0])
             if layout is not None:
                 return layout
         return None
 
-    def load(self, path: str, chunk: int, rows: int, parse) -> PackedChunk:
+    def load(self, path: str, chunk: int, bounds: tuple[int, int, int, int], parse) -> PackedChunk:
+        """Chunk ``chunk`` (``bounds``: its bytes, first line and rows) from the cache, else ``parse()``d (and
+        kept while the cache is wanted)."""
         f = self.files[path]
+        rows = bounds[3]
         if self._first:
             self._start()
         if self._state == "off" or f.key is None or not rows or not f.unchanged():
             return parse()[0]
+        key = _chunk_key(f.key, bounds)
         started = time.perf_counter()
         for folder in f.readable:
-            stored = cached_chunks.read(folder, chunk, f.key, rows, *self._shape)
+            stored = cached_chunks.read(folder, chunk, key, rows, *self._shape)
             if stored is not None:
                 self._note(read=(time.perf_counter() - started) / rows, parse=stored.parse_s_per_row,
                            row_bytes=stored.nbytes / rows)
@@ -235,7 +291,7 @@ class TableCache:
         parse_s = (time.perf_counter() - started) / rows
         self._note(parse=parse_s)
         if self._state != "off" and self._writing:
-            self._keep(f, chunk, rows, parsed, parse_s)
+            self._keep(f, chunk, key, rows, parsed, parse_s)
         return packed
 
     # ---- the decision --------------------------------------------------------------------------------
@@ -254,7 +310,7 @@ class TableCache:
                     _what(self.files), self.settings.mode.value, measured=False)
                 log.info("feedline: %s: %s", self.decision.what, self.decision.reason)
 
-    def _keep(self, f: _File, chunk: int, rows: int, parsed: ParsedChunk, parse_s: float) -> None:
+    def _keep(self, f: _File, chunk: int, key: bytes, rows: int, parsed: ParsedChunk, parse_s: float) -> None:
         """The parsed chunk written to the cache (and, while deciding, read back and timed)."""
         folder, why = f.writable_folder()
         if not folder:
@@ -262,7 +318,7 @@ class TableCache:
                 self._stop(why)
             return
         try:
-            size = cached_chunks.write(folder, chunk, cached_chunks.encode(parsed, f.key, parse_s))
+            size = cached_chunks.write(folder, chunk, cached_chunks.encode(parsed, key, parse_s))
         except OSError as e:
             self._stop(f"writing the cache of {f.path} in {folder} failed: {e.strerror or e}")
             return
@@ -276,7 +332,7 @@ class TableCache:
             return
         if measuring:
             started = time.perf_counter()
-            stored = cached_chunks.read(folder, chunk, f.key, rows, *self._shape)
+            stored = cached_chunks.read(folder, chunk, key, rows, *self._shape)
             if stored is not None:
                 self._note(read=(time.perf_counter() - started) / rows, row_bytes=size / rows)
 
@@ -334,6 +390,11 @@ class TableCache:
                         os.rmdir(empty)
                     except OSError:
                         pass
+
+
+def _chunk_key(key: bytes, bounds: tuple[int, int, int, int]) -> bytes:
+    """A chunk file's key: its folder's with the chunk's bounds."""
+    return hashlib.sha256(key + struct.pack("<4q", *bounds)).digest()[:cached_chunks.KEY_BYTES]
 
 
 def _what(files: dict) -> str:

@@ -22,6 +22,7 @@ from ...pipelines.tabular import Column
 from . import index_store
 from .chunked import ChunkIndex, RowsChunk
 from .gzip_stream import GZIP_MAGIC, GzipError, GzipStream, Mark
+from .growing_index import GrowingIndex
 from .index_store import Fingerprint
 from .line_index import BLOCK_BYTES, LineScan, from_payload, is_long_line, long_line_reason, to_payload
 from .table_rows import RowError
@@ -50,20 +51,53 @@ class TsvFormat:
         self.layout = Layout(columns, syntax) if layout is None else layout
         self._cursors: dict[str, _GzipCursor] = {}
         self._lock = threading.Lock()
+        self._built: dict[str, tuple[Fingerprint, tuple]] = {}  # path -> (fingerprint, arrays) of lazy scans
 
     # ---- indexing ----------------------------------------------------------------------------------
     def index(self, path: str) -> ChunkIndex:
         """The file's chunks: from its sidecar when that still describes it, else by one scan (then kept)."""
         gz = is_gzip(path)
         before = Fingerprint.of(path)
+        built = self._built.get(path)  # a lazy scan's index of this very content (``index_lazily``)
         saved = index_store.load(path, INDEX_KIND, INDEX_VERSION, before)
         arrays = from_payload(saved, None if gz else before.size) if saved is not None else None
+        if arrays is None and built is not None and built[0] == before:
+            arrays = built[1]
         if arrays is None:
             arrays = _scan(path, gz)
             if Fingerprint.of(path) == before:  # never keep an index of content that moved under the scan
                 index_store.save(path, INDEX_KIND, INDEX_VERSION, before, to_payload(*arrays))
         starts, stops, lines, rows = arrays
         return ChunkIndex(starts, stops, lines, rows, np.full(rows.size, 0 if gz else -1, dtype=np.int64))
+
+    def index_lazily(self, path: str, on_publish, on_complete=None) -> GrowingIndex | None:
+        """A gzip file whose index is not remembered: its index built on a thread of its own (``growing_index``),
+        its chunks handed to ``on_publish(chunk_index, complete)`` as they close, kept in the sidecar when
+        complete (as ``index`` keeps it), then ``on_complete(chunk_index)``. None for a plain file (its scan is
+        fast) or a gzip file whose index is remembered: then ``index`` gives it."""
+        if not is_gzip(path):
+            return None
+        before = Fingerprint.of(path)
+        saved = index_store.load(path, INDEX_KIND, INDEX_VERSION, before)
+        if saved is not None and from_payload(saved, None) is not None:
+            return None
+
+        def as_index(arrays) -> ChunkIndex:
+            starts, stops, lines, rows = arrays
+            return ChunkIndex(starts, stops, lines, rows, np.zeros(rows.size, dtype=np.int64))
+
+        def complete(arrays) -> None:
+            try:
+                same = Fingerprint.of(path) == before  # never keep an index of content that moved under the scan
+            except OSError:
+                same = False
+            if same:
+                self._built[path] = (before, arrays)
+                index_store.save(path, INDEX_KIND, INDEX_VERSION, before, to_payload(*arrays))
+            if on_complete is not None:
+                on_complete(as_index(arrays))
+
+        return GrowingIndex(path, lambda arrays, done: on_publish(as_index(arrays), done), complete)
 
     # ---- reading ----------------------------------------------------------------------------------
     def load(self, path: str, index: ChunkIndex, chunk: int) -> RowsChunk:
@@ -93,6 +127,8 @@ class TsvFormat:
             cursor = self._cursors.pop(path, None)
             if cursor is None:
                 cursor = _GzipCursor(path, index.starts)
+            elif cursor.starts.size < index.starts.size:  # an index grown since (``index_lazily``)
+                cursor.starts = index.starts
             self._cursors[path] = cursor  # the most lately used last
             idle = list(self._cursors.values())[:-ACTIVE_CURSORS]
         for old in idle:

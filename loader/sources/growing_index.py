@@ -1,0 +1,106 @@
+"""A gzip file's line index built on a thread of its own while its first rows are already being read.
+
+A gzip file cannot be read from the middle, so its line index (``line_index``) costs one decompression of the
+whole file. Opened lazily, the scan runs on a daemon thread and publishes the chunks it has closed as it goes
+(every ``1/PUBLISH_SHARE`` more chunks, so publishing costs O(chunks) in all); readers wait only until the
+index covers the rows they need (``wait_rows``). When the scan ends the index is complete, exact, and kept in
+the sidecar as a full scan would have kept it (``index_store``), so the next open reads it at once.
+
+An error met by the scan (a file cut short, corrupt, with other bytes after its last member) is kept and
+raised, naming the file, to whoever waits for rows past it, and to every later wait.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Callable
+
+import numpy as np
+
+from .gzip_stream import GzipError, GzipStream
+from .line_index import BLOCK_BYTES, LineScan
+from .table_rows import RowError
+
+PUBLISH_SHARE = 16  # chunks are published once 1/16 more than were published have closed (and at the end)
+
+Publish = Callable[[tuple[np.ndarray, ...], bool], None]
+
+
+class GrowingIndex:
+    """The line index of the gzip file ``path``, built on a thread started here. ``on_publish(arrays,
+    complete)`` is called on that thread with the four index arrays (``line_index``: starts, stops, lines,
+    rows) each time more chunks close, before any waiter sees the new rows; ``on_complete(arrays)`` once, last,
+    with the whole index (what it raises is logged by the caller's own handler, never lost silently: it is kept
+    as the index's error)."""
+
+    def __init__(self, path: str, on_publish: Publish, on_complete: Callable[[tuple[np.ndarray, ...]], None]):
+        self.path = path
+        self.size = os.path.getsize(path)  # compressed bytes
+        self._on_publish, self._on_complete = on_publish, on_complete
+        self._cond = threading.Condition()
+        self.rows = 0           # rows indexed (published) so far
+        self.complete = False
+        self.error: Exception | None = None
+        self._consumed = 0      # compressed bytes behind the published chunks
+        self.thread = threading.Thread(target=self._run, name="feedline-gzip-index", daemon=True)
+        self.thread.start()
+
+    # ---- what readers ask --------------------------------------------------------------------------
+    def wait_rows(self, rows: int) -> tuple[int, bool]:
+        """Until at least ``rows`` rows are indexed or the index is complete: ``(rows indexed, complete)``;
+        the scan's error, if it met one before ``rows`` rows."""
+        with self._cond:
+            while not self.complete and self.error is None and self.rows < rows:
+                self._cond.wait()
+            if self.error is not None and self.rows < rows:
+                raise self.error
+            return self.rows, self.complete
+
+    def wait_complete(self) -> int:
+        """Until the index is complete: the file's rows."""
+        return self.wait_rows(1 << 62)[0]
+
+    def estimate_rows(self) -> int:
+        """The file's rows: exact once complete, else the rows indexed so far scaled by the compressed bytes
+        behind them (never fewer than those indexed)."""
+        with self._cond:
+            if self.complete or not self._consumed:
+                return self.rows
+            return max(self.rows, int(round(self.rows * self.size / self._consumed)))
+
+    # ---- the scan ----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        scan = LineScan()
+        published = 0
+        try:
+            with GzipStream(self.path) as stream:
+                while block := stream.read(BLOCK_BYTES):
+                    scan.feed(block)
+                    closed = len(scan.rows)
+                    if closed and closed - published >= max(1, published // PUBLISH_SHARE):
+                        self._publish(scan, stream.compressed_position, False)
+                        published = closed
+            scan.finish()
+            arrays = scan.arrays()
+            self._on_publish(arrays, True)
+            self._on_complete(arrays)
+            with self._cond:
+                self.rows, self._consumed, self.complete = int(arrays[3].sum()), self.size, True
+                self._cond.notify_all()
+        except GzipError as e:
+            self._fail(RowError(self.path, None, f"is not a readable gzip file: {e}"))
+        except BaseException as e:  # (kept for the waiters: a reader never waits for a scan that died)
+            self._fail(e)
+
+    def _publish(self, scan: LineScan, consumed: int, complete: bool) -> None:
+        n = len(scan.rows)
+        arrays = tuple(np.asarray(getattr(scan, k)[:n], dtype=np.int64) for k in ("starts", "stops", "lines", "rows"))
+        self._on_publish(arrays, complete)
+        with self._cond:
+            self.rows, self._consumed = int(arrays[3].sum()), consumed
+            self._cond.notify_all()
+
+    def _fail(self, error: BaseException) -> None:
+        with self._cond:
+            self.error = error
+            self._cond.notify_all()
