@@ -67,7 +67,8 @@ def profile(spec: PipelineSpec, config: RunnerConfig, runners: RunnerFactory, or
     if per_buffer > 1:
         path_from = -(-(WARMUP + batches) // per_buffer) * per_buffer
         split = (WARMUP + batches, path_from)
-    plans = first_plans(orders, config.batch_size, 2 * batches + 1 if split is None else split[1] + 2 * per_buffer)
+    # (any other order's: as many plans after the profiled ones, and one more, made first and not counted)
+    plans = first_plans(orders, config.batch_size, 2 * batches + 2 if split is None else split[1] + 2 * per_buffer)
     batch_size = max(p.indices.size for p in plans)
     cpu, path = _measure(runners, dataclasses.replace(config, cut=spec.all_cpu, device=torch.device("cpu"),
                                                        batch_size=batch_size, seed=0, num_threads=1, prefetch=1),
@@ -147,32 +148,47 @@ def _measure(runners: RunnerFactory, config: RunnerConfig, plans: list[BatchPlan
              batch_path: bool = True, split: tuple[int, int] | None = None) -> tuple[StageTimes, BatchPath | None]:
     """The runner's profile of the first half of the plans after the warm-up ones, batch by batch (each stage's
     median per sample: a one-off cost, such as a kernel loaded at its first call, is no stage's steady cost),
-    then (``batch_path``) its batch path over the second half (other samples: what the first made may be
-    cached); ``split`` ``(end, start)``: profile the plans before ``end``, the batch path from ``start`` on."""
+    then (``batch_path``) its batch path over the rest (other samples: what the first made may be cached),
+    timed from its first batch made; ``split`` ``(end, start)``: profile the plans before ``end``, the batch path
+    from ``start`` on, timed whole (a streamed table's)."""
     runner = runners(config)
     half = WARMUP + (len(plans) - WARMUP) // 2
     end, start = (half, half) if split is None else split
     try:
         runner.profile(plans[:WARMUP])
         times = median_times([runner.profile([plan]) for plan in plans[WARMUP:end]])
-        return times, _batch_path(runner, plans[start:]) if batch_path else None
+        return times, _batch_path(runner, plans[start:], from_first=split is None) if batch_path else None
     finally:
         runner.close()
 
 
-def _batch_path(runner: Runner, plans: list[BatchPlan]) -> BatchPath:
+def _batch_path(runner: Runner, plans: list[BatchPlan], *, from_first: bool = False) -> BatchPath:
+    """The runner's batch path over ``plans``, timed on this thread. ``from_first``: from the first batch made to
+    the last, that one left out (the path's start and end, a pipeline priming and draining, are no batch's steady
+    cost, as the stage profile's medians leave a one-off cost out: image-val's first profile in a process counted
+    54 ms a batch of forming over 5 batches, the next ones 2-3); else the whole path (a streamed table's first
+    batch reads its first buffer-full's chunks for all its batches: that is the path's cost)."""
     batches = samples = tensors = 0
     cpu0, thread0 = process_cpu(), time.thread_time()
+    first, last = not from_first, None
     made = runner.batches(iter(plans))
     try:
         for batch, _ in made:
-            if batch is not None:
-                batches += 1
-                samples += len(batch["index"])
-                tensors = len(batch)
+            if batch is None:
+                continue
+            tensors = len(batch)
+            if not first:  # the first batch made: the clock starts
+                first = True
+                cpu0, thread0 = process_cpu(), time.thread_time()
+                continue
+            batches += 1
+            samples += len(batch["index"])
+            if from_first:
+                last = process_cpu(), time.thread_time()
     finally:
         made.close()
-    return BatchPath(batches, samples, process_cpu() - cpu0, time.thread_time() - thread0, tensors)
+    cpu1, thread1 = last if last is not None else (process_cpu(), time.thread_time())
+    return BatchPath(batches, samples, cpu1 - cpu0, thread1 - thread0, tensors)
 
 
 def measure_h2d(size: int = 64 * 2 ** 20, repeats: int = 5) -> tuple[float, float]:
