@@ -286,3 +286,12 @@ def test_a_lazy_plan_is_a_plain_batch_plan():
     order = StreamOrder(np.zeros(0), np.zeros(0), 4, buffer_rows=8, table=table)
     plan = next(iter(order.epoch(0)))
     assert isinstance(plan, BatchPlan) and plan.indices.dtype == np.int64 and not plan.last
+
+
+def test_auto_placement_over_a_table_still_indexed(gz, monkeypatch):
+    hold = held_scan(monkeypatch)
+    loader = Loader(criteo(gz), batch_size=300, shuffle_buffer=BUFFER, seed=1)  # placement="auto"
+    assert loader.source.pending
+    threading.Timer(0.5, hold.release).start()  # (auto's thread check needs the row count: it waits for it)
+    rows = torch.cat([b["index"][b["valid"]] if "valid" in b else b["index"] for b in loader]).numpy()
+    assert np.array_equal(np.sort(rows), np.arange(ROWS)) and len(loader) == -(-ROWS // 300)
