@@ -21,7 +21,7 @@ def dress(tensor):
 
 
 def take(ring):
-    return ring.dressed((LAYOUT.nbytes,), torch.uint8, dress)
+    return ring.dressed((LAYOUT.nbytes,), torch.uint8, dress)[0]  # (the dict of views taken is let go)
 
 
 def test_views_and_tensors_share_the_buffer():
@@ -70,10 +70,10 @@ def test_a_held_batch_is_never_written_again_across_threads():
     def work(k):
         kept = []
         for i in range(300):
-            d = take(ring)
-            d.views["a"][:] = k * 1000 + i
+            d, views = ring.dressed((LAYOUT.nbytes,), torch.uint8, dress)
+            views["a"][:] = k * 1000 + i
             kept.append((k * 1000 + i, d.tensors["a"]))  # delivered: the views are let go, the tensor is held
-            del d
+            del d, views
             if len(kept) > 3:
                 del kept[0]
             wrong.extend(value for value, tensor in kept if not bool((tensor == value).all()))
@@ -85,6 +85,15 @@ def test_a_held_batch_is_never_written_again_across_threads():
         t.join()
     assert wrong == []
     assert ring.reused > 0
+
+
+def test_a_buffer_is_taken_while_its_views_dict_is_held():
+    ring = BufferRing(4)
+    first, views = ring.dressed((LAYOUT.nbytes,), torch.uint8, dress)
+    assert not first.free()  # (between the ring's lock and the batch's arrays: no other thread may take it)
+    assert ring.dressed((LAYOUT.nbytes,), torch.uint8, dress)[0] is not first
+    del views
+    assert first.free()
 
 
 def test_the_runner_s_mask_tests_agree_with_numpy():

@@ -55,9 +55,11 @@ class BufferRing:
             return tensor
 
     def dressed(self, shape: tuple[int, ...], dtype: torch.dtype, dress: Callable[[torch.Tensor], "Dressed"]
-                ) -> "Dressed":
+                ) -> tuple["Dressed", dict]:
         """A kept tensor's ``Dressed`` (what ``dress`` made of the tensor when it was allocated: views of it, made
-        once) whose tensor and views nobody else holds, or a new one's."""
+        once) whose tensor and views nobody else holds, or a new one's; and a dict of its ``views``, made before
+        the ring lets go of its lock, which keeps it taken for as long as the caller holds the dict (hold it
+        until the batch's delivered tensors are held instead)."""
         key = (tuple(shape), dtype)
         with self._lock:
             kept = self._dressed.setdefault(key, [])
@@ -68,12 +70,12 @@ class BufferRing:
                 if kept[k].free():
                     self.reused += 1
                     self._turn[key] = k + 1
-                    return kept[k]
+                    return kept[k], dict(kept[k].views)
             dressed = dress(torch.empty(shape, dtype=dtype))
             dressed.settle()
             if len(kept) < self.capacity:
                 kept.append(dressed)
-            return dressed
+            return dressed, dict(dressed.views)
 
 
 class Dressed:

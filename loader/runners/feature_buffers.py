@@ -131,10 +131,11 @@ class BatchArrays:
             arrays["sparse.aliased"] = alias  # what AssembleSparse then finds written already
         return arrays
 
-    def dressed(self, rows: int) -> Dressed:
-        """A CPU placement's buffer for a batch of ``rows`` from the ring, with its arrays' NumPy views (what
-        ``arrays`` takes as ``placed``) and the tensors a batch in it is delivered as, both made once per
-        buffer: a batch then costs no view and no tensor made anew."""
+    def dressed(self, rows: int) -> tuple[Dressed, dict[str, np.ndarray]]:
+        """A CPU placement's buffer for a batch of ``rows`` from the ring, with its arrays' NumPy views and the
+        tensors a batch in it is delivered as, both made once per buffer (a batch then costs no view and no
+        tensor made anew); and a dict of the views (what ``arrays`` takes as ``placed``), which keeps the buffer
+        taken while held (``BufferRing.dressed``)."""
         layout, _ = self.layout(rows)
         return self._ring.dressed((layout.nbytes,), torch.uint8, lambda tensor: self._dress(rows, tensor))
 

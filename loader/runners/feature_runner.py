@@ -146,8 +146,8 @@ class FeatureRunner:
         viewing the buffer), for a GPU (pinned buffer tensor, unpack layout)."""
         rows = plan.indices.size
         if self._ring is not None:  # a CPU placement: the batch is the buffer's own tensors, made with it once
-            dressed = self._batch_arrays.dressed(rows)
-            out = self._batch_arrays.arrays(rows, dressed.array, dressed.views)
+            dressed, placed = self._batch_arrays.dressed(rows)  # (``placed``, held by ``out``: the buffer stays taken)
+            out = self._batch_arrays.arrays(rows, dressed.array, placed)
         else:
             layout, _ = self._batch_arrays.layout(rows)
             tensor, buffer = self._batch_arrays.buffer(layout.nbytes)
