@@ -65,6 +65,7 @@ class PreparedRows:
         self._lock = threading.Lock()
         self._pins = np.zeros(chunks, dtype=np.int64)
         self._stamps = np.zeros(chunks, dtype=np.int64)  # when each chunk was last read: the oldest goes first
+        self._read = np.zeros(chunks, dtype=bool)  # whether a batch has read the chunk since it was prepared
         self._clock = 0
         self._held: dict[int, _Held] = {}
         self._held_rows = 0
@@ -94,6 +95,7 @@ class PreparedRows:
             with self._lock:
                 self._clock += 1
                 self._stamps[touched] = self._clock
+                self._read[touched] = True
                 charged = self._charge(touched, scratch.counts[:found]) if charge else {}
                 bads = [(c, self._held[c]) for c in touched.tolist() if self._held[c].bad is not None]
         finally:
@@ -181,6 +183,7 @@ class PreparedRows:
             self._seconds[c] = [seconds.get(stage, 0.0) for stage in self._stages]
             self._uncharged[c] = rows
             self._stamps[c] = self._clock  # as recent as the latest batch: not the first dropped
+            self._read[c] = False
             self.blocks.set(c, block)
             self._held[c] = held
             self._held_rows += rows
@@ -198,11 +201,14 @@ class PreparedRows:
 
     def _evict(self) -> None:
         """(Holding the lock.) The least recently read chunks that no batch is reading dropped, while more
-        than ``cache_rows`` rows are held."""
+        than ``cache_rows`` rows are held; chunks prepared ahead that no batch has read yet go last. (Warming
+        runs a buffer-full ahead, so a chunk warmed for the next buffer-full was stamped before the current
+        one's latest reads: by stamp alone it went first and was prepared again when its batches came, 24 of
+        208 chunks in a 1M-row Criteo first epoch.)"""
         if self._held_rows <= self.cache_rows:
             return
         free = [c for c in self._held if self._pins[c] == 0]
-        free.sort(key=lambda c: self._stamps[c])
+        free.sort(key=lambda c: (not self._read[c], self._stamps[c]))
         for c in free:
             if self._held_rows <= self.cache_rows:
                 break
