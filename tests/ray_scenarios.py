@@ -132,7 +132,7 @@ def tables(report: dict, folder: Path, workers) -> None:
                             [s.where for s in remote.skipped]]
     remote.close()
 
-    raising = []  # the first bad row is in batch 9, the second of the first buffer-full dealt to a worker
+    raising = []  # the first bad row is in the second batch of the first group dealt to a worker
     for loader in (Loader(criteo(str(folder / "bad.tsv")), **TABLE),
                    Loader(criteo(str(folder / "bad.tsv")), remote=workers, **TABLE)):
         delivered = []

@@ -14,6 +14,7 @@ import pytest
 from conftest import write_images
 from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.loader import Loader, RayWorkers
+from feedline.loader.runners.remote import batches_per_group
 from feedline.loader.sources.text_to_columnar import convert
 from feedline.pipelines.criteo import criteo
 
@@ -22,6 +23,7 @@ pytest.importorskip("ray", reason="Ray is not installed (pip install 'feedline[r
 SCENARIOS = Path(__file__).with_name("ray_scenarios.py")
 TABLE_ROWS = 30_000
 TABLE = dict(batch_size=1024, placement="cpu", seed=5, shuffle_buffer=8192)  # as tests/ray_scenarios.py's
+GROUP = batches_per_group(TABLE["shuffle_buffer"], TABLE["batch_size"])  # batches a side makes at a time
 
 
 def _namespace_prefix() -> list[str]:
@@ -49,9 +51,10 @@ def report(tmp_path_factory):
     tables.mkdir()
     make_criteo(tables / "big.tsv", rows=TABLE_ROWS, seed=4)  # 7 chunks of text, buffer-fulls of 2
     convert(criteo(str(tables / "big.tsv")).source, tables / "conv")
-    # Bad rows in batches 9 (the second of the first buffer-full a worker makes), 20 and 27 of the first epoch.
+    # Bad rows in the second batch of the first group a worker makes (the first group is made locally), and in
+    # batches 20 and 27 of the first epoch.
     plans = list(Loader(criteo(str(tables / "big.tsv")), **TABLE).sampler.epoch(0))
-    bad_lines = [int(plans[9].indices[1]) + 1, int(plans[20].indices[5]) + 1, int(plans[27].indices[3]) + 1]
+    bad_lines = [int(plans[GROUP + 1].indices[1]) + 1, int(plans[20].indices[5]) + 1, int(plans[27].indices[3]) + 1]
     lines = (tables / "big.tsv").read_text().splitlines(keepends=True)
     for line in bad_lines:
         lines[line - 1] = "x" + lines[line - 1]  # the label is no longer a number
@@ -106,8 +109,8 @@ def test_bad_rows_are_invalid_slots_and_listed_once_with_remote_workers(report):
 def test_a_bad_row_in_a_workers_buffer_full_raises_after_the_batches_before_it(report):
     local, remote = report["table_raise"]
     where = f"{Path(report['data'], 'tables', 'bad.tsv')}:{report['bad_lines'][0]}"
-    assert len(local["delivered"]) == 9 and remote["delivered"] == local["delivered"]
-    assert remote["remote_batches"] == 1  # batch 8 came from the worker that met the bad row making batch 9
+    assert len(local["delivered"]) == GROUP + 1 and remote["delivered"] == local["delivered"]
+    assert remote["remote_batches"] == 1  # the batch before came from the worker that met the bad row after it
     for side in (local, remote):
         assert side["error"] == "RowError" and where in side["message"], side
 

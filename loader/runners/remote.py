@@ -2,15 +2,16 @@
 
 Each worker is a Ray actor (``remote_workers.Maker``) holding its own runner of the pipeline's CPU placement (it
 opens the source itself, so the files must be where the workers can read them). Plans are dealt out in groups
-(``remote_deal``): an image plan is a group of its own; a streamed table's group is every plan of one shuffle
-buffer-full (``group_rows``), so each side reads and parses only the chunks of the buffer-fulls it makes, and a
-worker returns a buffer-full's batches in one object (Ray's fixed cost per object, paid largely on the
-trainer's machine, is then paid once per buffer-full rather than once per batch). The local side takes the
+(``remote_deal``): an image plan is a group of its own; a streamed table's group is every plan of
+``BUFFERS_PER_GROUP`` consecutive shuffle buffer-fulls (``group_rows``: one buffer-full's rows), so each side
+reads and parses only the chunks of the buffer-fulls it makes, and a worker returns a group's batches in one
+object (Ray's fixed cost per task and object, paid largely on the trainer's machine, is then paid once per
+group rather than once per batch). The local side takes the
 share of groups that balances what each side was measured to cost (a table's local groups are made on a
 thread of their own, ``remote_local``, and timed there; images keep the local threads' share of the cores).
-Where the batch size does not divide the buffer-full, a batch straddles two of them and whoever makes it reads
-both: each side is then dealt ``STRADDLE_RUNS`` consecutive buffer-fulls at a time, reading one more for that
-many. Results are taken back in plan order; each side has a few groups to make at once, and the groups dealt
+Where the batch size does not divide a group's rows, a batch straddles two groups and whoever makes it reads
+both: each side is then dealt ``STRADDLE_RUNS`` consecutive groups at a time, reading one more buffer-full for
+that many. Results are taken back in plan order; each side has a few groups to make at once, and the groups dealt
 ahead of the trainer are bounded by a window counted in plans (Ray's object store carries the workers'; that
 window is the backpressure). Every plan makes its own batch (``SkipFill.PADDING``), so where a plan was made does
 not change the batch: batches equal the local loader's, bit for bit, for the same seed (with
@@ -59,7 +60,11 @@ log = logging.getLogger("feedline")
 
 IN_FLIGHT_PER_WORKER = 2  # groups a worker may have to make at once (sent, not yet done), per CPU
 LOCAL_IN_FLIGHT = 2  # groups of a table the local side may have to make at once
-STRADDLE_RUNS = 2  # consecutive buffer-fulls dealt to one side where batches straddle them
+STRADDLE_RUNS = 2  # consecutive groups dealt to one side where batches straddle them
+# A table's buffer-fulls a worker makes per task. Ray's cost per task and object falls mostly on the trainer's
+# machine (its process and raylet: submitting, the plans' object, the result's, taking it): some 9 ms a task on
+# this machine's cores, over a ms a Criteo batch with one buffer-full (8 batches) a task.
+BUFFERS_PER_GROUP = 2
 SLOW_WORKER = 1.5  # a worker this many times slower a batch than the local side is dealt twice as far ahead
 MAX_PLAN_RETRIES = remote_workers.MAX_PLAN_RETRIES
 START_TIMEOUT_S = 300.0   # for the workers to start and open the source
@@ -203,8 +208,9 @@ def _copy(value):
 
 
 def batches_per_group(group_rows: int | None, batch_size: int) -> int:
-    """Plans in one group of the deal: one buffer-full's (``group_rows``; None: every plan alone)."""
-    return 1 if group_rows is None else max(-(-group_rows // batch_size), 1)
+    """Plans in one group of the deal: ``BUFFERS_PER_GROUP`` buffer-fulls' (``group_rows``: a buffer-full's rows;
+    None: every plan alone)."""
+    return 1 if group_rows is None else max(-(-group_rows * BUFFERS_PER_GROUP // batch_size), 1)
 
 
 class RemoteRunner:
@@ -222,7 +228,8 @@ class RemoteRunner:
         self.ray = connect(workers)
         self.workers = workers
         self.source = source
-        self.group_rows = group_rows
+        self.buffer_rows = group_rows
+        self.group_rows = None if group_rows is None else group_rows * BUFFERS_PER_GROUP  # rows a group spans
         self.group_plans = batches_per_group(group_rows, config.batch_size)
         config = dataclasses.replace(config, skip_fill=SkipFill.PADDING)
         # A worker's runner queues a whole group at once, and its output buffers stay taken until the group's
@@ -249,8 +256,8 @@ class RemoteRunner:
         except BaseException:
             self._release()
             raise
-        # Where batches straddle buffer-fulls, each side is dealt runs of them.
-        self.runs = 1 if group_rows is None or group_rows % config.batch_size == 0 else STRADDLE_RUNS
+        # Where batches straddle groups, each side is dealt runs of them.
+        self.runs = 1 if self.group_rows is None or self.group_rows % config.batch_size == 0 else STRADDLE_RUNS
         self.in_flight = [IN_FLIGHT_PER_WORKER * workers.cpus_per_worker] * len(self.team)
         self.costs = DealCosts(config.num_threads, len(self.team), workers.cpus_per_worker)
         self.device = config.device
@@ -277,7 +284,7 @@ class RemoteRunner:
                                f"source within {workers.start_timeout_s:g} s (RayWorkers.start_timeout_s)")
 
     def group_of(self, plan: BatchPlan) -> tuple[int, int] | None:
-        """The deal's group of ``plan``: its epoch and shuffle buffer-full (by its first position); None: alone."""
+        """The deal's group of ``plan``: its epoch and group of buffer-fulls (by its first position); None: alone."""
         return None if self.group_rows is None else (plan.epoch, plan.start // self.group_rows)
 
     @property
