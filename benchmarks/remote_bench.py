@@ -22,6 +22,12 @@ from ..pipelines.spec import PipelineSpec
 from .trainer import alternate, check_trainer_step, counted, median_rate, resolve_step_s, trainer_summary
 
 SETTLE_S = 1.5
+# The local cluster's object store: bounded, and its memory allocated when Ray starts
+# (``preallocate_plasma_memory``). Otherwise each object a worker puts gets pages of its own that the kernel
+# allocates and zeroes as they are first written (every page of every buffer-full, Ray's largest cost a batch),
+# and gives back when the trainer lets go of it. A buffer-full of Criteo batches is some 20 MB; the trainer holds
+# at most the runner's window of them.
+OBJECT_STORE_BYTES = 1 << 30
 
 
 def split_cores(cores: list[int], local_cores: int, workers: int, cpus_per_worker: int) -> tuple[list, list]:
@@ -32,6 +38,12 @@ def split_cores(cores: list[int], local_cores: int, workers: int, cpus_per_worke
                          f"local core(s) needs {wanted} cores on this machine; this process may use {len(cores)} "
                          f"({cores})")
     return cores[:local_cores], cores[local_cores:wanted]
+
+
+def object_store_options(nbytes: int = OBJECT_STORE_BYTES) -> dict:
+    """``ray.init`` arguments for a local cluster whose object store is ``nbytes``, allocated at its start (a
+    cluster's nodes: ``RAY_preallocate_plasma_memory=1 ray start --object-store-memory N ...``)."""
+    return {"object_store_memory": nbytes, "_system_config": {"preallocate_plasma_memory": True}}
 
 
 def bench_remote(spec: PipelineSpec, *, batch_size: int, remote_workers: int, cpus_per_worker: int = 1,
@@ -50,7 +62,7 @@ def bench_remote(spec: PipelineSpec, *, batch_size: int, remote_workers: int, cp
     started = time.perf_counter()
     if address is None:
         ray.init(address="local", num_cpus=remote_workers * cpus_per_worker, include_dashboard=False,
-                 log_to_driver=False, configure_logging=False)
+                 log_to_driver=False, configure_logging=False, **object_store_options())
     workers = RayWorkers(remote_workers, cpus_per_worker, address, cores=tuple(remote) if address is None else None)
     contenders = {
         "local": Loader(spec, batch_size, placement="cpu", num_threads=local_cores, last_batch="drop"),
