@@ -78,8 +78,10 @@ def bench_criteo(path: str | os.PathLike, batch_size: int = 8192, batches: int |
         raise ValueError("the pandas baseline reads Criteo TSV (read_csv, then int(x, 16) per id); for Parquet data "
                          "pass --baseline none, or compare against the TSV it came from")
     if baseline:
-        # Imported before any clock starts, so that neither side's time includes it, and before feedline's threads
-        # run: pandas imports pyarrow, and a module half imported on one thread must not be seen by another.
+        # Imported before any clock starts, so that neither side's time includes a library import (pandas with
+        # pyarrow; numba, whose cached feedline kernels still load inside feedline's timed opening), and before
+        # feedline's threads run: a module half imported on one thread must not be seen by another.
+        import numba  # noqa: F401
         import pandas  # noqa: F401
     device = "cuda" if placement != "cpu" and gpu_available() else "cpu"
     sync = cuda_sync()

@@ -42,14 +42,15 @@ GIL_SECONDS = 3
 _HERE = "feedline.benchmarks"
 OPENERS = {
     "torchrec": (f"{_HERE}.torchrec_baseline:open_torchrec", ("torch.utils.data", "torchrec.datasets.criteo")),
-    "feedline_converted": (f"{_HERE}.criteo_compare:open_feedline", ()),
-    "feedline_tsv": (f"{_HERE}.criteo_compare:open_feedline", ()),
+    "feedline_converted": (f"{_HERE}.criteo_compare:open_feedline", ("numba",)),
+    "feedline_tsv": (f"{_HERE}.criteo_compare:open_feedline", ("numba",)),
     "pyarrow_parse": (f"{_HERE}.pyarrow_baseline:open_parse", ()),
     "pyarrow_numpy": (f"{_HERE}.pyarrow_baseline:open_numpy", ()),
 }
 COMMON_NOTES = (
     "each side runs in a process of its own: peak_rss_mb is its own peak (rss_after_imports_mb: the same process "
-    "before opening anything, torch included); imports are not timed",
+    "before opening anything, torch included); library imports are not timed (torch and TorchRec; torch and "
+    "numba for feedline, whose own kernels load from numba's cache inside the timed opening; pyarrow)",
     "first_epoch_rows_per_s: one epoch's rows over the seconds from before opening to its last batch in hand; "
     "steady_rows_per_s: the median of alternating rounds of about one epoch each; convert_s: the conversion "
     "command's own seconds (first_epoch_with_convert adds them)",
