@@ -24,9 +24,9 @@ from .trainer import alternate, check_trainer_step, counted, median_rate, resolv
 SETTLE_S = 1.5
 # The local cluster's object store: bounded, and its memory allocated when Ray starts
 # (``preallocate_plasma_memory``). Otherwise each object a worker puts gets pages of its own that the kernel
-# allocates and zeroes as they are first written (every page of every buffer-full, Ray's largest cost a batch),
-# and gives back when the trainer lets go of it. A buffer-full of Criteo batches is some 20 MB; the trainer holds
-# at most the runner's window of them.
+# allocates and zeroes as they are first written (every page of every group of batches), and gives back when
+# the trainer lets go of it. A group of Criteo batches (two buffer-fulls) is some 40 MB; the trainer holds at
+# most the runner's window of them.
 OBJECT_STORE_BYTES = 1 << 30
 
 
@@ -117,7 +117,7 @@ def bench_remote(spec: PipelineSpec, *, batch_size: int, remote_workers: int, cp
         "remote_batch_ms": {"make": make_s * 1e3, "serialize": serialize_s * 1e3, "receive": receive_s * 1e3,
                             "waited": runner.wait_seconds / made * 1e3},
         "transfer_share": (serialize_s + receive_s) / (make_s + serialize_s + receive_s),
-        # The deal at the end (runners.remote_deal): the share of buffer-fulls made locally, and what each side was
+        # The deal at the end (runners.remote_deal): the share of groups made locally, and what each side was
         # measured to take a batch (the local side with the trainer's own work beside it; a worker with putting
         # its batches into the object store and fetching them).
         "deal": {"batches_per_group": runner.group_plans, "local_share": runner.local_share,

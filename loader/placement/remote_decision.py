@@ -103,8 +103,8 @@ def remote_report(requested, used, decision: RemoteDecision | None) -> dict:
 def measure_and_decide(plan: PlacementDecision, remote: RayWorkers, sample_batch: Callable[[], dict],
                        device: torch.device, group_rows: int | None) -> RemoteDecision:
     """``decide`` from measurements: a batch of ``plan`` (``sample_batch()``, made locally) timed through the
-    object store of the cluster ``remote`` joins, as many to an object as the workers return (one buffer-full of
-    ``group_rows`` for a table), and the workers the cluster has room for."""
+    object store of the cluster ``remote`` joins, as many to an object as the workers return (a group of
+    buffer-fulls of ``group_rows`` for a table: ``batches_per_group``), and the workers the cluster has room for."""
     ray = connect(remote)
     sample = sample_batch()
     group = batches_per_group(group_rows, plan.batch_size)

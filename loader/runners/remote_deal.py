@@ -1,15 +1,15 @@
 """How a ``RemoteRunner`` deals its plans between the local runner and the Ray workers, in groups.
 
-A group goes whole to one side: one plan of images, or every plan of one shuffle buffer-full of a table, so
-that a worker reads and parses only the chunks of the buffer-fulls it makes. Which side, group by group: the
-local side takes the share of groups that keeps both sides busy (``balanced_rates``), from what each side was
-measured to cost per batch (``DealCosts``): a table's local groups are made on a thread of their own and timed
-there; a worker's group is timed from when the worker could start it (sent, and its previous group done) to
-when it was done, as seen on this side (making, putting the results into Ray's object store and fetching them).
-Until both sides are measured (images: the local side is not), the share is the local threads' share of all
-the cores. Each side has at most a few groups to make at once (past that, the group goes to a side with room;
-the groups made and not yet delivered are bounded by the runner's window), and the workers always get
-``MIN_REMOTE_SHARE`` of the groups, so that their cost keeps being measured.
+A group goes whole to one side: one plan of images, or every plan of a table's group of consecutive shuffle
+buffer-fulls (``remote.BUFFERS_PER_GROUP``), so that a worker reads and parses only the chunks of the buffer-fulls
+it makes. Which side, group by group: the local side takes the share of groups that keeps both sides busy
+(``balanced_rates``), from what each side was measured to cost per batch (``DealCosts``): a table's local groups
+are made on a thread of their own and timed there; a worker's group is timed from when the worker could start it
+(sent, and its previous group done) to when it was done, as seen on this side (making, putting the results into
+Ray's object store and fetching them). Until both sides are measured (images: the local side is not), the share is
+the local threads' share of all the cores. Each side has at most a few groups to make at once (past that, the group
+goes to a side with room; the groups made and not yet delivered are bounded by the runner's window), and the
+workers always get ``MIN_REMOTE_SHARE`` of the groups, so that their cost keeps being measured.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The local side's groups of a ``RemoteRunner``'s deal (a table's shuffle buffer-fulls), made on a thread of
+"""The local side's groups of a ``RemoteRunner``'s deal (a table's groups of shuffle buffer-fulls), made on a thread of
 their own as soon as they are dealt, one group after another, and timed there as a worker's are.
 
 The runner runs over the plans of the groups queued, one group after another, and stops when none is queued

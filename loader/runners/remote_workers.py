@@ -2,7 +2,8 @@
 
 A worker (``Maker``) is a Ray actor of ``cpus_per_worker`` CPUs. It hosts any number of pipelines, each under
 the key of the runner that uses it (a train and a val pipeline, say), and makes one group of plans at a time
-(one plan of images; every plan of a table's shuffle buffer-full), returning the group's batches together.
+(one plan of images; every plan of a table's group of shuffle buffer-fulls), returning the group's batches
+together.
 A runner sends its pipeline (declaration, CPU placement, cache size) once into Ray's object store and passes
 the reference with every group, so a worker that Ray restarted after a crash opens the pipeline again on its
 own the first time it is asked for a batch of it.
@@ -180,7 +181,7 @@ class Maker:
         return os.getpid()
 
     def make_many(self, key: str, box: list, plans: list[BatchPlan]) -> list[tuple[dict, tuple, list, int]]:
-        """The batches of ``plans`` (consecutive plans, e.g. one shuffle buffer-full of a table, whose chunks this
+        """The batches of ``plans`` (consecutive plans, e.g. a table's group of shuffle buffer-fulls, whose chunks this
         worker then reads alone), returned together as one object: for each, (arrays, (epoch, end, last,
         skipped, seconds making it), the bad samples first met making it, this process's id); only those before
         the first that raised, if one did after the first. The runner's output buffers stay taken while the list
