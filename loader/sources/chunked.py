@@ -144,8 +144,7 @@ class ChunkedTable:
         self._floats = [c.name for c in self.columns if c.kind is ColumnKind.FLOAT]
         self._lists = [c.name for c in self.columns if c.kind is ColumnKind.INT_LIST]
         self._ints = [c.name for c in self.columns if c.name not in self._floats and c.name not in self._lists]
-        self._block_column = {name: j for j, name in enumerate(self._ints + self._floats)}
-        self._picks: dict[tuple, np.ndarray] = {}
+        self.picks = ColumnPicks(self._ints + self._floats)  # picks(label, dense, categorical)
         self._prepared: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         # Bytes a cached row takes (what a gather reads from): a format's own, else parsed blocks' (an int64 or
         # float64 value and a missing flag per scalar column).
@@ -156,26 +155,16 @@ class ChunkedTable:
     def _set_index(self, indexes: list[ChunkIndex]) -> None:
         """The table's chunks from its files' indexes (again, each time a lazily built index grows: the arrays
         are replaced, never changed in place, and ``num_rows`` is set last)."""
-        file_of, groups = [], []
-        for f, index in enumerate(indexes):
-            file_of += [f] * index.rows.size
-            # A chunk of group -1 stands alone (read on its own); others share their group within the file.
-            groups += [(f, int(g)) if g >= 0 else (f, -1 - k) for k, g in enumerate(index.groups.tolist())]
-        chunk_rows = np.concatenate([i.rows for i in indexes] or [np.zeros(0, np.int64)]).astype(np.int64)
-        numbers: dict[tuple[int, int], int] = {}
-        cache_rows = self.requested_cache_rows + CHUNKS_BEYOND * int(chunk_rows.max(initial=0))
+        arrays = chunk_arrays(indexes)
+        cache_rows = self.requested_cache_rows + CHUNKS_BEYOND * int(arrays.chunk_rows.max(initial=0))
         if self._cache is None:
-            self._cache = ChunkCache(chunk_rows, cache_rows, reads_into=hasattr(self.reader, "load_block"))
+            self._cache = ChunkCache(arrays.chunk_rows, cache_rows, reads_into=hasattr(self.reader, "load_block"))
         else:
-            self._cache.grow(chunk_rows, cache_rows)
+            self._cache.grow(arrays.chunk_rows, cache_rows)
         self.indexes = list(indexes)
-        self.file_of = np.asarray(file_of, dtype=np.int64)
-        self.chunk_local = np.concatenate([np.arange(i.rows.size) for i in indexes] or [np.zeros(0, np.int64)])
-        self.chunk_rows = chunk_rows
-        self.chunk_groups = np.asarray([numbers.setdefault(g, len(numbers)) for g in groups], dtype=np.int64)
-        self.first_row = np.concatenate([[0], np.cumsum(chunk_rows)[:-1]]).astype(np.int64)
         self.cache_rows = cache_rows
-        self.num_rows = int(chunk_rows.sum())
+        for name, value in arrays._asdict().items():  # num_rows last
+            setattr(self, name, value)
 
     # ---- a gzip file indexed while it is read (``lazy_index``) --------------------------------------
     def _published(self, index: ChunkIndex, complete: bool) -> None:
@@ -245,15 +234,6 @@ class ChunkedTable:
         """An owned chunk of ``load_raw`` that nothing reads any more: its buffer is read into again."""
         self._cache.release(chunk)
 
-    def picks(self, label: str | None, dense: tuple[str, ...], categorical: tuple[str, ...]) -> np.ndarray:
-        """``ops.gather_columns``' picks of the named columns of a chunk's block."""
-        picks = self._picks.get((label, dense, categorical))
-        if picks is None:
-            where = self._block_column
-            picks = self._picks[(label, dense, categorical)] = ops.gather_picks(
-                None if label is None else where[label], [where[k] for k in dense], [where[k] for k in categorical])
-        return picks
-
     def gather_chunk(self, chunk: PackedChunk, start: int, stop: int, *, label: str | None, dense: tuple[str, ...],
                      categorical: tuple[str, ...], missing_id: int, label_out: np.ndarray | None = None,
                      dense_out: np.ndarray | None = None, ids_out: np.ndarray | None = None) -> None:
@@ -283,19 +263,7 @@ class ChunkedTable:
         return rows
 
     def _pack(self, chunk: RowsChunk) -> PackedChunk:
-        n = chunk.bad.size
-        cols = chunk.columns
-        if chunk.ints is not None:
-            ints, missing = chunk.ints, chunk.missing
-            floats = getattr(chunk, "floats", None)  # a float block beside the integer one, where a format has it
-        else:
-            ints = np.stack([cols[k].values for k in self._ints], axis=1) if self._ints else None
-            floats = np.stack([cols[k].values for k in self._floats], axis=1) if self._floats else None
-            missing = np.stack([cols[k].missing for k in self._ints + self._floats], axis=1)
-        ints = np.zeros((n, 0), np.int64) if ints is None else np.ascontiguousarray(ints, dtype=np.int64)
-        floats = np.zeros((n, 0), np.float64) if floats is None else np.ascontiguousarray(floats, dtype=np.float64)
-        block = ops.ColumnBlock.row_major(ints, np.ascontiguousarray(missing, dtype=bool), floats)
-        return PackedChunk(block, {k: cols[k] for k in self._lists}, chunk.bad, chunk.reasons, bool(chunk.bad.any()))
+        return pack_chunk(chunk, self._ints, self._floats, self._lists)
 
     def _groups(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``rows`` by chunk (``ops.group_by_chunk``), with the chunks nobody holds yet parsed first; threads
@@ -381,6 +349,70 @@ class ChunkedTable:
         local = row - int(self.first_row[c])
         line = int(self.indexes[f].lines[self.chunk_local[c]]) + local
         bad_row(self.on_error, self.skips, self.paths[f], line, chunk.reasons[local])
+
+
+class ColumnPicks:
+    """``ops.gather_columns``' picks of named columns of a chunk's block (whose columns are ``names``), made once
+    for each choice of columns: ``picks(label, dense, categorical)``."""
+
+    def __init__(self, names: list[str]):
+        self._where = {name: j for j, name in enumerate(names)}
+        self._made: dict[tuple, np.ndarray] = {}
+
+    def __call__(self, label: str | None, dense: tuple[str, ...], categorical: tuple[str, ...]) -> np.ndarray:
+        picks = self._made.get((label, dense, categorical))
+        if picks is None:
+            where = self._where
+            picks = self._made[(label, dense, categorical)] = ops.gather_picks(
+                None if label is None else where[label], [where[k] for k in dense], [where[k] for k in categorical])
+        return picks
+
+
+def pack_chunk(chunk: RowsChunk, int_names: list[str], float_names: list[str], list_names: list[str]) -> PackedChunk:
+    """A parsed chunk as the table keeps it: its scalar columns in one row-major block (``int_names`` then
+    ``float_names``), its ``list_names`` columns as they came."""
+    n = chunk.bad.size
+    cols = chunk.columns
+    if chunk.ints is not None:
+        ints, missing = chunk.ints, chunk.missing
+        floats = getattr(chunk, "floats", None)  # a float block beside the integer one, where a format has it
+    else:
+        ints = np.stack([cols[k].values for k in int_names], axis=1) if int_names else None
+        floats = np.stack([cols[k].values for k in float_names], axis=1) if float_names else None
+        missing = np.stack([cols[k].missing for k in int_names + float_names], axis=1)
+    ints = np.zeros((n, 0), np.int64) if ints is None else np.ascontiguousarray(ints, dtype=np.int64)
+    floats = np.zeros((n, 0), np.float64) if floats is None else np.ascontiguousarray(floats, dtype=np.float64)
+    block = ops.ColumnBlock.row_major(ints, np.ascontiguousarray(missing, dtype=bool), floats)
+    return PackedChunk(block, {k: cols[k] for k in list_names}, chunk.bad, chunk.reasons, bool(chunk.bad.any()))
+
+
+class ChunkArrays(NamedTuple):
+    """Per chunk of a table over several files: its file, its number within that file, its rows, its read group
+    (chunks of one group are read together) and its first row; then the table's rows."""
+
+    file_of: np.ndarray
+    chunk_local: np.ndarray
+    chunk_rows: np.ndarray
+    chunk_groups: np.ndarray
+    first_row: np.ndarray
+    num_rows: int
+
+
+def chunk_arrays(indexes: list[ChunkIndex]) -> ChunkArrays:
+    file_of, groups = [], []
+    for f, index in enumerate(indexes):
+        file_of += [f] * index.rows.size
+        # A chunk of group -1 stands alone (read on its own); others share their group within the file.
+        groups += [(f, int(g)) if g >= 0 else (f, -1 - k) for k, g in enumerate(index.groups.tolist())]
+    chunk_rows = np.concatenate([i.rows for i in indexes] or [np.zeros(0, np.int64)]).astype(np.int64)
+    numbers: dict[tuple[int, int], int] = {}
+    return ChunkArrays(
+        np.asarray(file_of, dtype=np.int64),
+        np.concatenate([np.arange(i.rows.size) for i in indexes] or [np.zeros(0, np.int64)]),
+        chunk_rows,
+        np.asarray([numbers.setdefault(g, len(numbers)) for g in groups], dtype=np.int64),
+        np.concatenate([[0], np.cumsum(chunk_rows)[:-1]]).astype(np.int64),
+        int(chunk_rows.sum()))
 
 
 def _size(path: str) -> int:
