@@ -249,6 +249,9 @@ class Loader:
             return
         self._stream.close()
         self._runner.close()
+        scan = getattr(self.source, "growing", None)  # a gzip table's index still being built: stop it
+        if scan is not None:
+            scan.stop()
 
     def __enter__(self) -> "Loader":
         return self

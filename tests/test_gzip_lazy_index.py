@@ -295,3 +295,20 @@ def test_auto_placement_over_a_table_still_indexed(gz, monkeypatch):
     threading.Timer(0.5, hold.release).start()  # (auto's thread check needs the row count: it waits for it)
     rows = torch.cat([b["index"][b["valid"]] if "valid" in b else b["index"] for b in loader]).numpy()
     assert np.array_equal(np.sort(rows), np.arange(ROWS)) and len(loader) == -(-ROWS // 300)
+
+
+def test_closing_the_loader_stops_the_scan(gz, monkeypatch):
+    """A Loader closed while its gzip file is still being indexed does not go on decompressing the file: the scan's
+    thread ends, keeps no index, and a wait for rows it never indexed raises instead of hanging."""
+    hold = held_scan(monkeypatch)
+    loader = Loader(criteo(gz), batch_size=500, placement="cpu", shuffle_buffer=BUFFER)
+    next(iter(loader))
+    scan = loader.source.growing
+    assert scan is not None and not scan.complete
+    loader.close()
+    hold.release()
+    scan.thread.join(30)
+    assert not scan.thread.is_alive()
+    assert not scan.complete
+    with pytest.raises(DataError, match="closed before its index was complete"):
+        scan.wait_rows(ROWS)

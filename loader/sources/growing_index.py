@@ -42,6 +42,7 @@ class GrowingIndex:
         self.complete = False
         self.error: Exception | None = None
         self._consumed = 0      # compressed bytes behind the published chunks
+        self._stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="feedline-gzip-index", daemon=True)
         self.thread.start()
 
@@ -68,6 +69,11 @@ class GrowingIndex:
                 return self.rows
             return max(self.rows, int(round(self.rows * self.size / self._consumed)))
 
+    def stop(self) -> None:
+        """Give up the scan (its table was closed): the thread ends after the block in hand, keeps no sidecar,
+        and a later wait for rows not yet indexed raises instead of waiting."""
+        self._stopped.set()
+
     # ---- the scan ----------------------------------------------------------------------------------
     def _run(self) -> None:
         scan = LineScan()
@@ -75,6 +81,9 @@ class GrowingIndex:
         try:
             with GzipStream(self.path) as stream:
                 while block := stream.read(BLOCK_BYTES):
+                    if self._stopped.is_set():
+                        self._fail(RowError(self.path, None, "was closed before its index was complete"))
+                        return
                     scan.feed(block)
                     closed = len(scan.rows)
                     if closed and closed - published >= max(1, published // PUBLISH_SHARE):
