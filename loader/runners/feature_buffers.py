@@ -15,7 +15,6 @@ from . import transfer
 from .buffers import BufferRing, Dressed
 
 
-
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
 

@@ -257,7 +257,6 @@ def _nbytes(value) -> float:
     return float(getattr(value, "nbytes", 0))
 
 
-
 def _any(mask: np.ndarray) -> bool:
     """Whether any of the bool array ``mask`` is set: ``argmax`` finds the first True in one pass, in a quarter of
     the time ``any()`` takes (its reduction's set-up) for a batch's mask."""

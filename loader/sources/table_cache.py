@@ -9,8 +9,9 @@ definition (columns, syntax, header layout, the line index's chunk size) and a d
 source, so a changed file or definition (or parser) never reads an older conversion; folders of an older
 fingerprint of the file are removed. Each chunk file carries a key of its own, the folder's with the chunk's
 bounds (bytes, first line, rows), so a chunk is read back only into the very chunk it was made from, and the
-key is known before the file's index is complete (a gzip file indexed while it is read, ``index_lazily``). A chunk read from the cache is used only while the file still has the fingerprint's
-size, times and inode (one ``stat``); otherwise it is parsed, which meets the change as parsing does.
+key is known before the file's index is complete (a gzip file indexed while it is read, ``index_lazily``). A
+chunk read from the cache is used only while the file still has the fingerprint's size, times and inode (one
+``stat``); otherwise it is parsed, which meets the change as parsing does.
 
 Whether: ``cache_policy.decide`` on measured figures. Until it has them every parsed chunk is written (and, for
 the first ones, read back, timed); ``recompute_s`` is what parsing a chunk took (its read included), ``read_s``

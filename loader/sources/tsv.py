@@ -67,8 +67,7 @@ class TsvFormat:
             arrays = _scan(path, gz)
             if Fingerprint.of(path) == before:  # never keep an index of content that moved under the scan
                 index_store.save(path, INDEX_KIND, INDEX_VERSION, before, to_payload(*arrays))
-        starts, stops, lines, rows = arrays
-        return ChunkIndex(starts, stops, lines, rows, np.full(rows.size, 0 if gz else -1, dtype=np.int64))
+        return _chunk_index(arrays, gz)
 
     def index_lazily(self, path: str, on_publish, on_complete=None) -> GrowingIndex | None:
         """A gzip file whose index is not remembered: its index built on a thread of its own (``growing_index``),
@@ -82,10 +81,6 @@ class TsvFormat:
         if saved is not None and from_payload(saved, None) is not None:
             return None
 
-        def as_index(arrays) -> ChunkIndex:
-            starts, stops, lines, rows = arrays
-            return ChunkIndex(starts, stops, lines, rows, np.zeros(rows.size, dtype=np.int64))
-
         def complete(arrays) -> None:
             try:
                 same = Fingerprint.of(path) == before  # never keep an index of content that moved under the scan
@@ -95,9 +90,9 @@ class TsvFormat:
                 self._built[path] = (before, arrays)
                 index_store.save(path, INDEX_KIND, INDEX_VERSION, before, to_payload(*arrays))
             if on_complete is not None:
-                on_complete(as_index(arrays))
+                on_complete(_chunk_index(arrays, True))
 
-        return GrowingIndex(path, lambda arrays, done: on_publish(as_index(arrays), done), complete)
+        return GrowingIndex(path, lambda arrays, done: on_publish(_chunk_index(arrays, True), done), complete)
 
     # ---- reading ----------------------------------------------------------------------------------
     def load(self, path: str, index: ChunkIndex, chunk: int) -> RowsChunk:
@@ -146,6 +141,13 @@ class TsvFormat:
             raise LinesMoved
         return RowsChunk(chunk.lists, chunk.bad, chunk.reasons, chunk.ints, chunk.missing,
                          chunk.floats if chunk.floats.shape[1] else None)
+
+
+def _chunk_index(arrays: tuple[np.ndarray, ...], gz: bool) -> ChunkIndex:
+    """The line index's arrays (starts, stops, lines, rows) as chunks: a gzip file's are one read group (one
+    stream), a plain file's each stand alone (group -1)."""
+    starts, stops, lines, rows = arrays
+    return ChunkIndex(starts, stops, lines, rows, np.full(rows.size, 0 if gz else -1, dtype=np.int64))
 
 
 class LinesMoved(Exception):
