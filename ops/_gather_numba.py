@@ -379,6 +379,147 @@ def records_reals(code, offset, bit, bases, words, where, out):
         _rec_reals_f64(*args)
 
 
+def _in_order(read, to_ids, name):
+    """A loop writing one column's value (``read`` at each record's ``offset``), or the missing one where the
+    row's flag ``bit`` is set, into ``out`` in the rows' order (``gather_blocks``: a tile of the batch's
+    positions, front to back). Named apart as ``_from_records``' loops are."""
+    if to_ids:
+        def loop(offset, bit, bases, words, missing_id, out):
+            for i in range(bases.shape[0]):
+                value = np.int64(read(bases[i] + offset))
+                out[i] = missing_id if words[i] & bit else value
+    else:
+        def loop(offset, bit, bases, words, missing_id, out):
+            for i in range(bases.shape[0]):
+                value = np.float32(read(bases[i] + offset))
+                out[i] = NAN32 if words[i] & bit else value
+    loop.__name__ = loop.__qualname__ = name
+    return helper(loop)
+
+
+_ord_ids_u8, _ord_ids_i8, _ord_ids_u16, _ord_ids_i16, _ord_ids_u32, _ord_ids_i32, _ord_ids_i64 = (
+    _in_order(r, True, f"in_order_ids_{t}") for r, t in zip(_READS[:7], _TYPES))
+(_ord_reals_u8, _ord_reals_i8, _ord_reals_u16, _ord_reals_i16, _ord_reals_u32, _ord_reals_i32, _ord_reals_i64,
+ _ord_reals_f32, _ord_reals_f64) = (_in_order(r, False, f"in_order_reals_{t}") for r, t in zip(_READS, _TYPES))
+
+
+@helper
+def in_order_ids(code, offset, bit, bases, words, missing_id, out):
+    args = (offset, bit, bases, words, missing_id, out)
+    if code == U8:
+        _ord_ids_u8(*args)
+    elif code == I8:
+        _ord_ids_i8(*args)
+    elif code == U16:
+        _ord_ids_u16(*args)
+    elif code == I16:
+        _ord_ids_i16(*args)
+    elif code == U32:
+        _ord_ids_u32(*args)
+    elif code == I32:
+        _ord_ids_i32(*args)
+    else:
+        _ord_ids_i64(*args)
+
+
+@helper
+def in_order_reals(code, offset, bit, bases, words, out):
+    args = (offset, bit, bases, words, 0, out)
+    if code == U8:
+        _ord_reals_u8(*args)
+    elif code == I8:
+        _ord_reals_i8(*args)
+    elif code == U16:
+        _ord_reals_u16(*args)
+    elif code == I16:
+        _ord_reals_i16(*args)
+    elif code == U32:
+        _ord_reals_u32(*args)
+    elif code == I32:
+        _ord_reals_i32(*args)
+    elif code == I64:
+        _ord_reals_i64(*args)
+    elif code == F32:
+        _ord_reals_f32(*args)
+    else:
+        _ord_reals_f64(*args)
+
+
+@kernel
+def gather_blocks(addresses, layouts, picks, bounds, local, positions, missing_id, label, dense, ids):
+    """``gather_columns`` over many blocks of row records with bit flags in one pass: group ``g``'s rows (entries
+    ``bounds[g]:bounds[g + 1]`` of ``local`` and ``positions``) from the block whose data and flags start at
+    byte addresses ``addresses[g]`` and whose layout is ``layouts[g]``. Each row's record address and flag byte
+    are found first, by position; then the batch is written in its order, a tile of positions at a time (each
+    output row front to back once, where a pass per block writes all of them once per block). Returns False,
+    writing nothing, unless every block is one ``records_of`` describes, with the same record size, flag bits
+    a row, and the picked columns' types, places and flag bits (relative to the block's first) in each."""
+    groups = addresses.shape[0]
+    if groups == 0:
+        return True
+    first = layouts[0]
+    step, flag_step, low, flag_bytes = records_of(first, picks)
+    if step == 0:
+        return False
+    lows = np.empty(groups, np.int64)
+    for g in range(groups):
+        s, fs, lo, fb = records_of(layouts[g], picks)
+        if s != step or fs != flag_step or fb != flag_bytes:
+            return False
+        for j in range(picks.shape[0]):
+            c = picks[j, 0]
+            if layouts[g, c, 0] != first[c, 0] or layouts[g, c, 1] != first[c, 1] \
+                    or layouts[g, c, 4] - lo != first[c, 4] - low:
+                return False
+        lows[g] = lo
+    n = local.shape[0]
+    bases = np.empty(n, np.int64)
+    flag_at = np.empty(n, np.int64)
+    for g in range(groups):
+        address, flags_address, lo = addresses[g, 0], addresses[g, 1], lows[g]
+        for k in range(bounds[g], bounds[g + 1]):
+            row = local[k]
+            i = positions[k]
+            bases[i] = address + row * step
+            flag_at[i] = flags_address + ((lo + row * flag_step) >> 3)
+    words = np.empty(TILE, np.uint64)
+    coming = 0  # positions before this have their records (and flags) on their way into L2
+    for start in range(0, n, TILE):
+        stop = min(n, start + TILE)
+        m = stop - start
+        while coming < min(n, start + L2_AHEAD):
+            record = bases[coming]
+            _prefetch_l2(record)
+            _prefetch_l2(record + 64)
+            _prefetch_l2(record + step - 1)
+            _prefetch_l2(flag_at[coming])
+            coming += 1
+        for i in range(m):  # each row's flag bits from the first, as one word
+            at = flag_at[start + i]
+            word = np.uint64(0)
+            for b in range(flag_bytes):
+                word |= np.uint64(_read_u8(at + b)) << np.uint64(8 * b)
+            words[i] = word
+        for i in range(stop, min(n, stop + TILE)):  # the next tile's records on their way meanwhile
+            record = bases[i]
+            _prefetch(record)
+            _prefetch(record + 64)
+            _prefetch(record + step - 1)
+        tile = bases[start:stop]
+        for j in range(picks.shape[0]):
+            c, target, row = picks[j, 0], picks[j, 1], picks[j, 2]
+            code = first[c, 0]
+            offset = first[c, 1] * np.int64(SIZES[code])
+            bit = np.uint64(1) << np.uint64(first[c, 4] - low)
+            if target == IDS:
+                in_order_ids(code, offset, bit, tile, words[:m], missing_id, ids[row, start:stop])
+            elif target == DENSE:
+                in_order_reals(code, offset, bit, tile, words[:m], dense[row, start:stop])
+            else:  # the label: never missing
+                in_order_reals(code, offset, np.uint64(0), tile, words[:m], label[start:stop])
+    return True
+
+
 @helper
 def gather_tile(data, flags, layout, picks, local, positions, missing_id, label, dense, ids, ints, floats, missing,
                 reals):

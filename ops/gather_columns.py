@@ -27,6 +27,7 @@ DTYPES = {code: dtype for dtype, code in CODES.items()}
 NO_FLAGS, BYTE_FLAGS, BIT_FLAGS = range(3)
 LABEL, DENSE, IDS = range(3)
 _EMPTY_ROWS = np.zeros((0, 0), dtype=np.float32)
+_EMPTY_IDS = np.zeros((0, 0), dtype=np.int64)
 
 
 class ColumnBlock(NamedTuple):
@@ -123,6 +124,30 @@ def gather_columns(block: ColumnBlock, picks: np.ndarray, local: np.ndarray, pos
             dense[row, positions] = np.where(missing, np.float32(np.nan), values.astype(np.float32))
         else:
             ids[row, positions] = np.where(missing, np.int64(missing_id), values.astype(np.int64))
+
+
+def gather_blocks(blocks, picks: np.ndarray, bounds: np.ndarray, local: np.ndarray, positions: np.ndarray, *,
+                  missing_id: int, label: np.ndarray | None = None, dense: np.ndarray | None = None,
+                  ids: np.ndarray | None = None) -> bool:
+    """:func:`gather_columns` for the rows of many blocks in one native call: group ``g``'s rows (entries
+    ``bounds[g]:bounds[g + 1]`` of ``local`` and ``positions``, as :func:`group_by_chunk` gives them) from
+    ``blocks[g]``. The batch is written in its positions' order, each output row front to back once. Only
+    blocks of row records with bit flags laid out alike (a converted table's chunks) are taken, and only by the
+    numba kernel: otherwise it returns False having written nothing, and the caller gathers block by block.
+
+    The kernel reads the blocks by address: the caller holds every block (their buffers) until it returns."""
+    native = kernels("gather")
+    if native is None or not blocks:
+        return not blocks
+    first = blocks[0].layout
+    if any(b.layout.shape != first.shape for b in blocks):
+        return False
+    addresses = np.array([(b.data.ctypes.data, b.flags.ctypes.data) for b in blocks], dtype=np.int64)
+    layouts = np.stack([b.layout for b in blocks])
+    return bool(native.gather_blocks(addresses, layouts, picks, bounds, local, positions, np.int64(missing_id),
+                                     np.zeros(0, np.float32) if label is None else label,
+                                     _EMPTY_ROWS if dense is None else dense,
+                                     _EMPTY_IDS if ids is None else ids))
 
 
 def gather_raw(block: ColumnBlock, int_columns: np.ndarray, float_columns: np.ndarray, local: np.ndarray

@@ -73,6 +73,20 @@ class ChunkCache:
             return loading.wait()
         return self._loading.run(c, loading, lambda: load(c), keep=lambda chunk: self._keep(c, chunk))
 
+    def get_all(self, chunks: list[int], load: Callable[[int], PackedChunk]) -> list[PackedChunk]:
+        """``get`` of each of ``chunks``, in order: one look under the lock when all are cached (as they mostly
+        are: ``load_missing`` read them first). Holding what it returns keeps a chunk's buffer from being read
+        into again even if the chunk is evicted meanwhile."""
+        with self._lock:
+            got = [self._cache.get(c) for c in chunks]
+            for c, chunk in zip(chunks, got):
+                if chunk is not None:
+                    self._cache.move_to_end(c)
+        for k, chunk in enumerate(got):
+            if chunk is None:
+                got[k] = self.get(chunks[k], load)
+        return got
+
     def _keep(self, c: int, chunk: PackedChunk) -> None:
         """(Holding the lock.) Chunk ``c`` cached, the least lately used dropped past ``limit_rows`` rows."""
         self._cache[c] = chunk

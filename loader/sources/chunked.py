@@ -9,7 +9,8 @@ their size.
 
 A cached chunk keeps its scalar columns as one ``ops.ColumnBlock`` (a parsed block as it came, or a converted
 table's chunk as it was read from disk), so ``gather`` writes a batch's rows straight from the cache into the
-batch's arrays: one native pass per chunk the batch touches, no per-column arrays in between.
+batch's arrays, no per-column arrays in between: one native pass over all the chunks the batch touches where they
+are a converted table's (``ops.gather_columns.gather_blocks``), else one per chunk.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from typing import Callable, NamedTuple, Protocol
 import numpy as np
 
 from ... import ops
+from ...ops.gather_columns import gather_blocks
 from ...pipelines.own_files import is_own_file
 from ...pipelines.tabular import Column, ColumnKind, TabularFiles
 from ..errors import Skipped
@@ -310,33 +312,27 @@ class ChunkedTable:
             ops.gather_columns(block, picks, here, at, missing_id=missing_id, label=label_out, dense=dense_out,
                                ids=ids_out)
 
-        return Gathered(*self._by_chunk(rows, lists, put))
+        def put_all(blocks, bounds, local, positions):
+            return gather_blocks(blocks, picks, bounds, local, positions, missing_id=missing_id, label=label_out,
+                                 dense=dense_out, ids=ids_out)
 
-    def _by_chunk(self, rows: np.ndarray, lists, put: Callable) -> tuple[np.ndarray, dict]:
+        return Gathered(*self._by_chunk(rows, lists, put, put_all))
+
+    def _by_chunk(self, rows: np.ndarray, lists, put: Callable, put_all: Callable | None = None
+                  ) -> tuple[np.ndarray, dict]:
         """``put(block, here, at)`` for each chunk holding some of ``rows`` (``here``: those rows within the
-        chunk, ``at``: their positions in ``rows``); then which rows are bad (each noted, in the order the rows
-        were asked for) and the ``lists`` columns at ``rows``."""
-        bad = np.zeros(rows.size, dtype=bool)
-        bads: list[tuple[int, PackedChunk, int]] = []
-        parts: dict[str, list] = {k: [] for k in lists}
+        chunk, ``at``: their positions in ``rows``), or ``put_all(blocks, bounds, local, positions)`` once for
+        all of them where it can (it returns whether it did); then which rows are bad (each noted, in the order
+        the rows were asked for) and the ``lists`` columns at ``rows``."""
         chunks, bounds, local, positions = self._groups(rows)
-        for g, c in enumerate(chunks.tolist()):
-            chunk = self._cache.get(c, self._load)
-            here, at = local[bounds[g]:bounds[g + 1]], positions[bounds[g]:bounds[g + 1]]
-            put(chunk.block, here, at)
-            if chunk.any_bad:
-                bad[at] = chunk.bad[here]
-                bads += [(k, chunk, c) for k in at[chunk.bad[here]].tolist()]
-            for k in lists:
-                parts[k].append(take(chunk.lists[k], here))
-        out: dict = {}
-        if lists:
-            inverse = np.empty_like(positions)
-            inverse[positions] = np.arange(rows.size)
-            out = {k: take(concat(parts[k]), inverse) for k in lists}
-        for k, chunk, c in sorted(bads, key=lambda bad: bad[0]):
-            self.note_bad(int(rows[k]), chunk, c)
-        return bad, out
+        numbers = chunks.tolist()
+        # Every chunk is held here until it has been gathered: a converted chunk evicted meanwhile (by the next
+        # ones read) keeps its buffer, which ``ChunkCache.spare`` gives out only once nothing holds it.
+        held = self._cache.get_all(numbers, self._load)
+        if put_all is None or not put_all([chunk.block for chunk in held], bounds, local, positions):
+            for g, chunk in enumerate(held):
+                put(chunk.block, local[bounds[g]:bounds[g + 1]], positions[bounds[g]:bounds[g + 1]])
+        return bad_rows_and_lists(self, rows, numbers, held, (bounds, local, positions), lists)
 
     @property
     def skipped(self) -> list[Skipped]:
@@ -349,6 +345,34 @@ class ChunkedTable:
         local = row - int(self.first_row[c])
         line = int(self.indexes[f].lines[self.chunk_local[c]]) + local
         bad_row(self.on_error, self.skips, self.paths[f], line, chunk.reasons[local])
+
+
+def bad_rows_and_lists(table: ChunkedTable, rows: np.ndarray, numbers: list[int], held: list[PackedChunk],
+                       groups: tuple, lists) -> tuple[np.ndarray, dict]:
+    """Which of ``rows`` are bad (each noted by ``table.note_bad``, in the order the rows were asked for) and the
+    ``lists`` columns at ``rows``: group ``g`` of ``groups`` (``bounds, local, positions`` as
+    ``ops.group_by_chunk`` gives them) is chunk ``numbers[g]``, ``held[g]``."""
+    bounds, local, positions = groups
+    bad = np.zeros(rows.size, dtype=bool)
+    bads: list[tuple[int, PackedChunk, int]] = []
+    parts: dict[str, list] = {k: [] for k in lists}
+    for g, (c, chunk) in enumerate(zip(numbers, held)):
+        if not (chunk.any_bad or lists):
+            continue
+        here, at = local[bounds[g]:bounds[g + 1]], positions[bounds[g]:bounds[g + 1]]
+        if chunk.any_bad:
+            bad[at] = chunk.bad[here]
+            bads += [(k, chunk, c) for k in at[chunk.bad[here]].tolist()]
+        for k in lists:
+            parts[k].append(take(chunk.lists[k], here))
+    out: dict = {}
+    if lists:
+        inverse = np.empty_like(positions)
+        inverse[positions] = np.arange(rows.size)
+        out = {k: take(concat(parts[k]), inverse) for k in lists}
+    for k, chunk, c in sorted(bads, key=lambda bad: bad[0]):
+        table.note_bad(int(rows[k]), chunk, c)
+    return bad, out
 
 
 class ColumnPicks:
