@@ -1,10 +1,14 @@
 """MurmurHash3_x86_32 kernels for the CPU (numba): the twins of ``murmur3.cuh`` and of the NumPy code in
 ``_murmur3_words.py``, which stays their reference.
 
-``bucket`` reduces a hash modulo ``n`` without an integer division, which would keep the loops from being
-vectorised: with ``inverse = 1.0 / n`` (float64), ``q = int(h * inverse)`` is the true quotient or off by one
-either way (``h < 2**32`` and the product's relative error is below ``2**-52``, so its absolute error is below
-``2**-20``), and one correction step on the remainder makes it exact.
+``bucket`` reduces a hash modulo ``n`` without an integer division (a 64-bit ``div`` costs tens of cycles and
+keeps the loops from being vectorised), by Lemire's direct remainder ("Faster Remainder by Direct Computation",
+Lemire, Kaser and Kurz 2019, fastmod_u32): with ``magic = (2**64 - 1) // n + 1`` (wrapping to 0 for n = 1),
+``h % n = ((magic * h mod 2**64) * n) >> 64``, exact for every 32-bit ``h`` and ``1 <= n < 2**32``. The
+128-bit product's high word is made from two 32 x 32 -> 64-bit products, which vectorise.
+
+``hash_columns`` hashes a column a tile at a time in two loops: the hashes alone (32-bit words in, 32-bit
+hashes out: eight to a vector), then the buckets (64-bit): one loop over both runs four to a vector.
 """
 from __future__ import annotations
 
@@ -53,25 +57,43 @@ def hash_u64(value, seed):
 
 
 @helper
-def bucket(h, n, inverse):
-    """``h % n`` for ``h < 2**32``, ``1 <= n < 2**32`` and ``inverse = 1.0 / n`` (see the module docstring)."""
-    wide = np.int64(h)
-    r = wide - np.int64(np.float64(wide) * inverse) * n
-    r = r + n if r < 0 else r
-    return r - n if r >= n else r
+def fastmod_magic(n):
+    """The multiplier ``bucket`` takes for ``n`` (1 <= n < 2**32)."""
+    return np.uint64(np.uint64(0xFFFFFFFFFFFFFFFF) // np.uint64(n) + np.uint64(1))
+
+
+@helper
+def bucket(h, n, magic):
+    """``h % n`` for ``h < 2**32``, ``1 <= n < 2**32`` (n an uint64) and ``magic = fastmod_magic(n)``."""
+    h = np.uint64(h)  # magic * h mod 2**64 from 32 x 32-bit products (h < 2**32)
+    low = np.uint64((magic & LOW_WORD) * h + (((magic >> np.uint64(32)) * h) << np.uint64(32)))
+    top = np.uint64((low >> np.uint64(32)) * n)
+    return np.int64((top + (((low & LOW_WORD) * n) >> np.uint64(32))) >> np.uint64(32))
+
+
+TILE = 2048  # keys hashed before they are reduced: the tile's hashes stay in L1
 
 
 @kernel
-def hash_columns(raw, rows, num_buckets, seeds, targets, out):
-    """``out[targets[k], i] = murmur3(raw[rows[k], i], seeds[k]) % num_buckets[k]``; raw and out int64 [_, B]."""
+def hash_columns(words, rows, num_buckets, seeds, targets, out):
+    """``out[targets[k], i] = murmur3(raw[rows[k], i], seeds[k]) % num_buckets[k]`` with ``words`` the int64
+    [_, B] batch ``raw`` viewed as uint32 [_, 2B] (little-endian: a key's low word first); out int64 [_, B]."""
+    batch = words.shape[1] // 2
+    hashes = np.empty(min(TILE, batch), dtype=np.uint32)
     for k in range(rows.shape[0]):
-        source = raw[rows[k]]
+        source = words[rows[k]]
         target = out[targets[k]]
-        n = np.int64(num_buckets[k])
-        inverse = 1.0 / np.float64(n)
+        n = np.uint64(num_buckets[k])
+        magic = fastmod_magic(n)
         seed = np.uint32(seeds[k])
-        for i in range(source.shape[0]):
-            target[i] = bucket(hash_u64(source[i], seed), n, inverse)
+        for start in range(0, batch, TILE):
+            m = min(TILE, batch - start)
+            keys = source[2 * start:2 * (start + m)]
+            for i in range(m):
+                hashes[i] = finish(step(step(seed, keys[2 * i]), keys[2 * i + 1]), 8)
+            tile = target[start:start + m]
+            for i in range(m):
+                tile[i] = bucket(hashes[i], n, magic)
 
 
 @kernel
@@ -82,8 +104,8 @@ def cross_columns(raw, a_rows, b_rows, num_buckets, seeds, targets, out):
         a = raw[a_rows[k]]
         b = raw[b_rows[k]]
         target = out[targets[k]]
-        n = np.int64(num_buckets[k])
-        inverse = 1.0 / np.float64(n)
+        n = np.uint64(num_buckets[k])
+        magic = fastmod_magic(n)
         seed = np.uint32(seeds[k])
         for i in range(a.shape[0]):
             va = np.uint64(a[i])
@@ -92,7 +114,7 @@ def cross_columns(raw, a_rows, b_rows, num_buckets, seeds, targets, out):
             h = step(h, np.uint32(va >> np.uint64(32)))
             h = step(h, np.uint32(vb & LOW_WORD))
             h = step(h, np.uint32(vb >> np.uint64(32)))
-            target[i] = bucket(finish(h, 16), n, inverse)
+            target[i] = bucket(finish(h, 16), n, magic)
 
 
 @kernel
@@ -100,13 +122,13 @@ def hash_keys(keys, seed, num_buckets, out):
     """Each key (uint64: its 8 little-endian bytes; uint32: its 4) hashed with ``seed``: the bucket
     (``num_buckets`` >= 1, ``out`` int64) or, with ``num_buckets`` 0, the hash itself (``out`` uint32)."""
     seed = np.uint32(seed)
-    n = np.int64(num_buckets)
-    inverse = 1.0 / np.float64(max(n, 1))
+    n = np.uint64(num_buckets)
+    magic = fastmod_magic(max(n, np.uint64(1)))
     wide = keys.itemsize == 8
     if n > 0:
         for i in range(keys.shape[0]):
             h = hash_u64(keys[i], seed) if wide else finish(step(seed, np.uint32(keys[i])), 4)
-            out[i] = bucket(h, n, inverse)
+            out[i] = bucket(h, n, magic)
     else:
         for i in range(keys.shape[0]):
             out[i] = hash_u64(keys[i], seed) if wide else finish(step(seed, np.uint32(keys[i])), 4)
@@ -115,6 +137,7 @@ def hash_keys(keys, seed, num_buckets, out):
 @kernel
 def bucket_of(hashes, n, out):
     """``out = hashes % n`` through ``bucket`` (uint32 hashes, int64 out): lets tests check the reduction."""
-    inverse = 1.0 / np.float64(n)
+    d = np.uint64(n)
+    magic = fastmod_magic(d)
     for i in range(hashes.shape[0]):
-        out[i] = bucket(hashes[i], np.int64(n), inverse)
+        out[i] = bucket(hashes[i], d, magic)

@@ -110,7 +110,8 @@ def hash_columns(raw, plan: HashPlan, out=None):
         return out
     native = kernels("murmur3")
     if native is not None and plan.width == 1:
-        native.hash_columns(raw, plan.sources.reshape(-1), plan.num_buckets, plan.seeds, plan.targets, out)
+        native.hash_columns(raw.view(np.uint32), plan.sources.reshape(-1), plan.num_buckets, plan.seeds,
+                            plan.targets, out)
     elif native is not None:
         native.cross_columns(raw, np.ascontiguousarray(plan.sources[:, 0]), np.ascontiguousarray(plan.sources[:, 1]),
                              plan.num_buckets, plan.seeds, plan.targets, out)
