@@ -3,6 +3,10 @@
 
 The log1p follows ``log1p64.py`` step for step in float64 (same operations, same order, nothing fused), with
 ``frexp`` done on the bits (exact for the positive normal values ``1 + y`` takes), so that the loops vectorise.
+
+Dense features are mostly small whole counts: ``normalize_columns`` looks the log1p of a whole value in
+``[+0, len(table))`` up in a table of ``log1p_float32`` made by ``log1p_table`` (the very function, so the same
+bits) and computes it only for the values outside it.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ def _bitcast(source, target):
 
 
 _bits_of, _float_of = _bitcast(types.float64, types.int64), _bitcast(types.int64, types.float64)
+_bits32_of = _bitcast(types.float32, types.int32)
 
 
 @helper
@@ -71,22 +76,47 @@ def log1p_float32(y32):
 
 
 @kernel
-def normalize_columns(raw, sources, fill, clip, log, out):
+def log1p_table(out):
+    """``out[v] = log1p_float32(v)`` for v = 0, 1, ... (out float32)."""
+    for v in range(out.shape[0]):
+        out[v] = log1p_float32(np.float32(v))
+
+
+@kernel
+def normalize_columns(raw, sources, fill, clip, log, table, out):
     """``out[:, j] = normalize_dense(raw[sources[j]], fill[j], clip[j], log[j])``: raw float32 [R, B], out
-    float32 [B, J]; ``clip[j]`` -inf means no clipping."""
+    float32 [B, J]; ``clip[j]`` -inf means no clipping; ``table`` from ``log1p_table`` (at most 2**31 values)."""
     batch = raw.shape[1]
+    size = np.float32(table.shape[0])
+    zero = np.float32(0.0)
     column = np.empty(batch, dtype=np.float32)
+    index = np.empty(batch, dtype=np.int32)
     for j in range(sources.shape[0]):
         source = raw[sources[j]]
         f = fill[j]
         c = clip[j]
         if log[j]:
-            for i in range(batch):
+            misses = 0
+            for i in range(batch):  # where the table holds the value, its index; else 0, counted as a miss
                 y = source[i]
                 y = f if y != y else y
                 y = c if y < c else y
-                y = log1p_float32(y)
-                column[i] = NAN32 if y != y else y
+                inside = (_bits32_of(y) >= 0) & (y < size)  # (not -0.0, whose log1p is -0.0)
+                v = np.int32(y if inside else zero)
+                index[i] = v
+                misses += np.int32(0 if inside & (np.float32(v) == y) else 1)
+            for i in range(batch):
+                column[i] = table[np.uint32(index[i])]
+            i = 0
+            while misses:  # (a loop of unknown count: not vectorised, so only the misses compute log1p)
+                y = source[i]
+                y = f if y != y else y
+                y = c if y < c else y
+                if not (_bits32_of(y) >= 0 and y < size and np.float32(np.int32(y)) == y):
+                    y = log1p_float32(y)
+                    column[i] = NAN32 if y != y else y
+                    misses -= 1
+                i += 1
         else:
             for i in range(batch):
                 y = source[i]

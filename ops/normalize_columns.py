@@ -7,6 +7,7 @@ missing), on the GPU as one CUDA kernel.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -67,6 +68,18 @@ def dense_plan(sources, fill: Sequence[float], clip_min: Sequence[float | None],
                      np.array(log, dtype=bool))
 
 
+LOG1P_TABLE_SIZE = 65536  # whole values 0..65535: 256 KiB, most of Criteo's counts
+
+
+@functools.lru_cache(maxsize=None)
+def _log1p_table(native) -> np.ndarray:
+    """log1p of the whole values ``0..LOG1P_TABLE_SIZE - 1``, made once by the kernels' own log1p (same bits)."""
+    table = np.empty(LOG1P_TABLE_SIZE, dtype=np.float32)
+    native.log1p_table(table)
+    table.flags.writeable = False
+    return table
+
+
 def normalize_columns(raw, plan: DensePlan, out=None):
     """``raw`` float32 [rows, B] (NaN = missing; NumPy or CuPy) -> ``out`` float32 [B, len(plan)] (allocated
     when None; C-contiguous)."""
@@ -89,7 +102,7 @@ def normalize_columns(raw, plan: DensePlan, out=None):
         return out
     native = kernels("normalize")
     if native is not None:
-        native.normalize_columns(raw, plan.sources, plan.fill, plan.clip_min, plan.log, out)
+        native.normalize_columns(raw, plan.sources, plan.fill, plan.clip_min, plan.log, _log1p_table(native), out)
         return out
     for j, (source, f, c, clip, log) in enumerate(zip(plan.sources.tolist(), plan.fill.tolist(),
                                                       plan.clip_min.tolist(), plan.clip.tolist(), plan.log.tolist())):
