@@ -67,6 +67,7 @@ def _prefetcher(locality):
 _prefetch, _prefetch_l2 = _prefetcher(3), _prefetcher(2)
 
 
+
 _read_u8, _read_i8, _read_u16, _read_i16 = (_reader(t) for t in (types.uint8, types.int8, types.uint16, types.int16))
 _read_u32, _read_i32, _read_i64 = (_reader(t) for t in (types.uint32, types.int32, types.int64))
 _read_f32, _read_f64 = _reader(types.float32), _reader(types.float64)
@@ -397,10 +398,23 @@ def _in_order(read, to_ids, name):
     return helper(loop)
 
 
+def _scaled(read, name):
+    """``_in_order``'s loop to the dense rows for an integer column, without a branch: each value (never NaN)
+    times ``factors[flag]``, 1 or NaN (x86 gives back the NaN operand: NaN32's bits exactly). LLVM makes a
+    choice between two floats a branch on x86, mispredicted wherever the choice is random as missing flags are
+    (a third of Criteo's dense values): 25-30% of a converted Criteo batch's gather."""
+    def loop(offset, shift, bases, words, factors, out):
+        for i in range(bases.shape[0]):
+            out[i] = np.float32(read(bases[i] + offset)) * factors[(words[i] >> shift) & np.uint64(1)]
+    loop.__name__ = loop.__qualname__ = name
+    return helper(loop)
+
+
 _ord_ids_u8, _ord_ids_i8, _ord_ids_u16, _ord_ids_i16, _ord_ids_u32, _ord_ids_i32, _ord_ids_i64 = (
     _in_order(r, True, f"in_order_ids_{t}") for r, t in zip(_READS[:7], _TYPES))
-(_ord_reals_u8, _ord_reals_i8, _ord_reals_u16, _ord_reals_i16, _ord_reals_u32, _ord_reals_i32, _ord_reals_i64,
- _ord_reals_f32, _ord_reals_f64) = (_in_order(r, False, f"in_order_reals_{t}") for r, t in zip(_READS, _TYPES))
+_scaled_u8, _scaled_i8, _scaled_u16, _scaled_i16, _scaled_u32, _scaled_i32, _scaled_i64 = (
+    _scaled(r, f"in_order_scaled_{t}") for r, t in zip(_READS[:7], _TYPES))
+_ord_reals_f32, _ord_reals_f64 = (_in_order(r, False, f"in_order_reals_{t}") for r, t in zip(_READS[7:], _TYPES[7:]))
 
 
 @helper
@@ -423,26 +437,29 @@ def in_order_ids(code, offset, bit, bases, words, missing_id, out):
 
 
 @helper
-def in_order_reals(code, offset, bit, bases, words, out):
-    args = (offset, bit, bases, words, 0, out)
+def in_order_reals(code, offset, shift, bases, words, factors, out):
+    """(``factors``: 1 and NaN, or 1 and 1 for a column never missing: the label.)"""
+    scaled = (offset, shift, bases, words, factors, out)
     if code == U8:
-        _ord_reals_u8(*args)
+        _scaled_u8(*scaled)
     elif code == I8:
-        _ord_reals_i8(*args)
+        _scaled_i8(*scaled)
     elif code == U16:
-        _ord_reals_u16(*args)
+        _scaled_u16(*scaled)
     elif code == I16:
-        _ord_reals_i16(*args)
+        _scaled_i16(*scaled)
     elif code == U32:
-        _ord_reals_u32(*args)
+        _scaled_u32(*scaled)
     elif code == I32:
-        _ord_reals_i32(*args)
+        _scaled_i32(*scaled)
     elif code == I64:
-        _ord_reals_i64(*args)
-    elif code == F32:
-        _ord_reals_f32(*args)
-    else:
-        _ord_reals_f64(*args)
+        _scaled_i64(*scaled)
+    else:  # a float column may hold NaN or -0.0, which a product would change: a choice, kept exact
+        bit = np.uint64(0) if factors[1] == 1 else np.uint64(1) << shift
+        if code == F32:
+            _ord_reals_f32(offset, bit, bases, words, 0, out)
+        else:
+            _ord_reals_f64(offset, bit, bases, words, 0, out)
 
 
 @kernel
@@ -483,6 +500,9 @@ def gather_blocks(addresses, layouts, picks, bounds, local, positions, missing_i
             bases[i] = address + row * step
             flag_at[i] = flags_address + ((lo + row * flag_step) >> 3)
     words = np.empty(TILE, np.uint64)
+    missing = np.empty(2, np.float32)  # a value's factor by its missing flag
+    missing[0], missing[1] = 1.0, NAN32
+    present = np.ones(2, np.float32)
     coming = 0  # positions before this have their records (and flags) on their way into L2
     for start in range(0, n, TILE):
         stop = min(n, start + TILE)
@@ -510,13 +530,13 @@ def gather_blocks(addresses, layouts, picks, bounds, local, positions, missing_i
             c, target, row = picks[j, 0], picks[j, 1], picks[j, 2]
             code = first[c, 0]
             offset = first[c, 1] * np.int64(SIZES[code])
-            bit = np.uint64(1) << np.uint64(first[c, 4] - low)
+            shift = np.uint64(first[c, 4] - low)
             if target == IDS:
-                in_order_ids(code, offset, bit, tile, words[:m], missing_id, ids[row, start:stop])
+                in_order_ids(code, offset, np.uint64(1) << shift, tile, words[:m], missing_id, ids[row, start:stop])
             elif target == DENSE:
-                in_order_reals(code, offset, bit, tile, words[:m], dense[row, start:stop])
+                in_order_reals(code, offset, shift, tile, words[:m], missing, dense[row, start:stop])
             else:  # the label: never missing
-                in_order_reals(code, offset, np.uint64(0), tile, words[:m], label[start:stop])
+                in_order_reals(code, offset, shift, tile, words[:m], present, label[start:stop])
     return True
 
 
