@@ -75,6 +75,9 @@ def log1p_float32(y32):
     return r
 
 
+BLOCK_BYTES = 24576  # the rows of out normalised together: within L1, so that its columns' strided writes hit it
+
+
 @kernel
 def log1p_table(out):
     """``out[v] = log1p_float32(v)`` for v = 0, 1, ... (out float32)."""
@@ -89,39 +92,41 @@ def normalize_columns(raw, sources, fill, clip, log, table, out):
     batch = raw.shape[1]
     size = np.float32(table.shape[0])
     zero = np.float32(0.0)
-    column = np.empty(batch, dtype=np.float32)
-    index = np.empty(batch, dtype=np.int32)
-    for j in range(sources.shape[0]):
-        source = raw[sources[j]]
-        f = fill[j]
-        c = clip[j]
-        if log[j]:
-            misses = 0
-            for i in range(batch):  # where the table holds the value, its index; else 0, counted as a miss
-                y = source[i]
-                y = f if y != y else y
-                y = c if y < c else y
-                inside = (_bits32_of(y) >= 0) & (y < size)  # (not -0.0, whose log1p is -0.0)
-                v = np.int32(y if inside else zero)
-                index[i] = v
-                misses += np.int32(0 if inside & (np.float32(v) == y) else 1)
-            for i in range(batch):
-                column[i] = table[np.uint32(index[i])]
-            i = 0
-            while misses:  # (a loop of unknown count: not vectorised, so only the misses compute log1p)
-                y = source[i]
-                y = f if y != y else y
-                y = c if y < c else y
-                if not (_bits32_of(y) >= 0 and y < size and np.float32(np.int32(y)) == y):
-                    y = log1p_float32(y)
-                    column[i] = NAN32 if y != y else y
-                    misses -= 1
-                i += 1
-        else:
-            for i in range(batch):
-                y = source[i]
-                y = f if y != y else y
-                y = c if y < c else y
-                column[i] = NAN32 if y != y else y
-        for i in range(batch):
-            out[i, j] = column[i]
+    step = max(16, min(512, BLOCK_BYTES // (4 * max(1, sources.shape[0]))))
+    index = np.empty(min(batch, step), dtype=np.int32)
+    for start in range(0, batch, step):  # a block of rows at a time (see BLOCK_BYTES)
+        stop = min(start + step, batch)
+        rows = stop - start
+        block = out[start:stop]
+        for j in range(sources.shape[0]):
+            source = raw[sources[j], start:stop]
+            f = fill[j]
+            c = clip[j]
+            if log[j]:
+                misses = 0
+                for i in range(rows):  # where the table holds the value, its index; else 0, counted as a miss
+                    y = source[i]
+                    y = f if y != y else y
+                    y = c if y < c else y
+                    inside = (_bits32_of(y) >= 0) & (y < size)  # (not -0.0, whose log1p is -0.0)
+                    v = np.int32(y if inside else zero)
+                    index[i] = v
+                    misses += np.int32(0 if inside & (np.float32(v) == y) else 1)
+                for i in range(rows):
+                    block[i, j] = table[np.uint32(index[i])]
+                i = 0
+                while misses:  # (a loop of unknown count: not vectorised, so only the misses compute log1p)
+                    y = source[i]
+                    y = f if y != y else y
+                    y = c if y < c else y
+                    if not (_bits32_of(y) >= 0 and y < size and np.float32(np.int32(y)) == y):
+                        y = log1p_float32(y)
+                        block[i, j] = NAN32 if y != y else y
+                        misses -= 1
+                    i += 1
+            else:
+                for i in range(rows):
+                    y = source[i]
+                    y = f if y != y else y
+                    y = c if y < c else y
+                    block[i, j] = NAN32 if y != y else y

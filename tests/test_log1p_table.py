@@ -45,3 +45,17 @@ def test_a_column_of_misses_only_and_an_empty_batch():
     out = ops.normalize_columns(raw, plan)
     assert np.array_equal(out[:, 0].view(np.uint32), ops.normalize_dense(raw[0], 0.0, None, True).view(np.uint32))
     assert ops.normalize_columns(np.empty((1, 0), np.float32), plan).shape == (0, 1)
+
+
+def test_many_columns_and_rows_in_blocks_of_any_size():
+    rng = np.random.default_rng(3)
+    raw = np.floor(rng.lognormal(3, 3, (5, 1001))).astype(np.float32)
+    raw[rng.random(raw.shape) < 0.2] = np.nan
+    for columns in (1, 13, 700):
+        sources = rng.integers(0, 5, columns)
+        logs = [bool(b) for b in rng.random(columns) < 0.8]
+        plan = ops.dense_plan(sources, [1.0] * columns, [0.0] * columns, logs)
+        out = ops.normalize_columns(raw, plan)
+        for j in range(columns):
+            want = ops.normalize_dense(raw[sources[j]], 1.0, 0.0, logs[j])
+            assert np.array_equal(out[:, j].view(np.uint32), want.view(np.uint32)), (columns, j)
