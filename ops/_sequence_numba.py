@@ -15,8 +15,8 @@ def sequence_rows(positions, shift, num_samples, seq_start, row_start, rows, val
     n = positions.shape[0]
     if n == 0:
         return
-    low = positions.min()
-    if positions.max() - low + 1 == n and dense_range(positions, low):
+    low, high = low_high(positions)
+    if high - low + 1 == n and dense_range(positions, low):
         ordered = np.empty(n, np.int64)
         ordered_valid = np.empty(n, np.bool_)
         fill_run(low + shift, num_samples, seq_start, row_start, ordered, ordered_valid)
@@ -25,6 +25,20 @@ def sequence_rows(positions, shift, num_samples, seq_start, row_start, rows, val
             valid[i] = ordered_valid[positions[i] - low]
         return
     search_each(positions, shift, num_samples, seq_start, row_start, rows, valid)
+
+
+@helper
+def low_high(positions):
+    """The smallest and largest of ``positions`` (not empty), by a loop: the arrays' ``min()``/``max()`` come from
+    numba's ``arraymath``, whose import (with ``scipy.linalg``, for numba's BLAS check) a cached kernel otherwise
+    pays when a process first loads it."""
+    low = positions[0]
+    high = positions[0]
+    for i in range(1, positions.shape[0]):
+        v = positions[i]
+        low = min(low, v)
+        high = max(high, v)
+    return low, high
 
 
 @helper

@@ -34,6 +34,7 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
+from ...ops._numba import fast_loading
 from ...pipelines.tabular import Column, ColumnKind
 from .table_rows import ListColumn
 from .text_syntax import CONTROL, DELIM, FLOAT, HEX, INT, KIND_CODES, LIST, NEWLINE, ORD, SKIP, STRING, Layout
@@ -734,6 +735,9 @@ def _parse(b, words, rows, kinds, slots, seeds, required, classes, hex_digits, d
             list_offsets[k, row + 1] = list_counts[k]
     return fallbacks, q
 
+
+# The kernels called from Python load from numba's cache without refreshing numba's whole target context.
+_parse, string_keys, hex_strings = fast_loading(_parse), fast_loading(string_keys), fast_loading(hex_strings)
 
 # ---- the Python side ------------------------------------------------------------------------------------------
 

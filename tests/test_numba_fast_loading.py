@@ -1,0 +1,79 @@
+"""Kernels found in numba's disk cache load without numba's refresh of its whole target context
+(``ops._numba.fast_loading``): in a fresh process, a cached kernel that allocates, loops and raises runs and
+gives its results with none of numba's other implementations imported (no ``arraymath``, no ``scipy.linalg``),
+and a user's own numba function compiled afterwards in that process (``np.dot``, ``np.sum``: the implementations
+the refresh installs) still compiles and runs."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("numba")
+
+KERNELS = textwrap.dedent('''
+    import numpy as np
+    from feedline.ops._numba import kernel
+
+    @kernel
+    def squares(out, n):
+        if n > out.shape[0]:
+            raise ValueError("n is larger than out")
+        tmp = np.empty(n, np.int64)
+        for i in range(n):
+            tmp[i] = i * i
+        total = 0
+        for i in range(n):
+            out[i] = tmp[i]
+            total += tmp[i]
+        return total
+''')
+
+RUN = textwrap.dedent('''
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    import numpy as np
+    import fast_kernels
+    out = np.zeros(5, np.int64)
+    total = fast_kernels.squares(out, 5)
+    try:
+        fast_kernels.squares(out, 6)
+        raised = None
+    except ValueError as e:
+        raised = str(e)
+    result = {"total": int(total), "out": out.tolist(), "raised": raised,
+              "hits": sum(fast_kernels.squares.stats.cache_hits.values()),
+              "cache": type(fast_kernels.squares._cache).__name__,
+              "refreshed": [m for m in ("numba.np.arraymath", "numba.np.linalg", "scipy.linalg") if m in sys.modules]}
+    import numba
+
+    @numba.njit
+    def users_own(a, b):
+        return np.dot(a, b) + np.sum(a)
+
+    result["users_own"] = users_own(np.ones(3), np.full(3, 2.0))
+    result["refreshed_after"] = "numba.np.arraymath" in sys.modules
+    print(json.dumps(result))
+''')
+
+
+def _run(folder) -> dict:
+    done = subprocess.run([sys.executable, "-c", RUN, str(folder)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_cached_kernel_loads_without_refreshing_numba_and_numba_still_compiles(tmp_path):
+    (tmp_path / "fast_kernels.py").write_text(KERNELS)
+    first = _run(tmp_path)  # compiles (numba's own refresh) and saves
+    assert first["hits"] == 0 and first["total"] == 30 and first["out"] == [0, 1, 4, 9, 16]
+    second = _run(tmp_path)  # a fresh process: loaded from the cache
+    assert second["cache"] == "QuickFunctionCache"
+    assert second["hits"] == 1
+    assert second["total"] == 30 and second["out"] == [0, 1, 4, 9, 16]
+    assert second["raised"] == "n is larger than out"
+    assert second["refreshed"] == []
+    assert second["users_own"] == 9.0 and second["refreshed_after"]
