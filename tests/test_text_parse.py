@@ -361,6 +361,23 @@ def test_chunk_shorter_than_its_rows_and_empty_lines():
     assert "ends before this line" in got.reasons[3]
 
 
+def test_short_chunks_need_no_second_signature_of_the_kernel():
+    """Data of 8 bytes or fewer (a file's short last line; the over-long-line path's ``b"\\n"``) is parsed as the
+    reference parses it, with the kernel's one signature: a view of its 8-byte words would be C-contiguous (empty
+    or one word), a second overload for numba to compile or load."""
+    from feedline.loader.sources.text_parse import _parse
+
+    layout = Layout((Column("a", K.INT), Column("h", K.HEX)))
+    check_against_reference([b"12\tff", b"345\tab"], layout)
+    signatures = list(_parse.signatures)
+    for lines in ([b""], [b"1\ta"], [b"12\tf"], [b"1\t2", b"3\t4"], [b"1\t2", b"-3\tc"], [b"1"], [b"123456\tf"]):
+        for final_newline in (True, False):
+            check_against_reference(lines, layout, final_newline)
+    got = parse_text(b"1\t2", 2, layout)
+    assert got.bad.tolist() == [False, True] and "ends before this line" in got.reasons[1]
+    assert list(_parse.signatures) == signatures
+
+
 def test_a_16_digit_id_with_non_hex_low_digits_is_not_hexadecimal():
     """A 16-digit id whose last 8 characters are not hex is 'not a hexadecimal integer' (the vectorised parser
     this one replaced said 'out of int64 range', as it checked the halves apart)."""

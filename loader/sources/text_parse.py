@@ -696,13 +696,14 @@ def _parse(b, words, rows, kinds, slots, seeds, required, classes, hex_digits, d
     bytes, a control character's position, or the field count in ``err_start``). ``fallback``: [k, 0..5] =
     row, field, slot, start, end, quoted, for the floats left to Python; returns how many, and where the last
     line read ends (every line read ends just past its first newline). ``words``: the
-    8-byte words of ``b`` at every offset (empty when ``b`` is shorter than a word)."""
+    8-byte words of ``b`` at every offset (when ``b`` is 8 bytes or shorter, two words that are never read: no
+    line starts at 8 or later)."""
     num_lists = list_offsets.shape[0]
     list_counts = np.zeros(max(num_lists, 1), dtype=np.int64)
     seps = np.empty(kinds.size, dtype=np.int64)
     fallbacks = _ZERO
     end_of_data = b.size
-    fast = words.size > 0
+    fast = b.size > 8
     delimiters = _U(delimiter) * _BYTE_ONES
     q = _ZERO
     for row in range(rows):
@@ -740,6 +741,10 @@ def _parse(b, words, rows, kinds, slots, seeds, required, classes, hex_digits, d
 _parse, string_keys, hex_strings = fast_loading(_parse), fast_loading(string_keys), fast_loading(hex_strings)
 
 # ---- the Python side ------------------------------------------------------------------------------------------
+
+# ``words`` for data of 8 bytes or fewer: two words (a strided, read-only view, typed as every other chunk's
+# ``words`` is: a one-word or empty view would be C-contiguous, a second signature of ``_parse`` to load).
+_NO_WORDS = np.ndarray((2,), dtype="<u8", buffer=bytes(9), strides=(1,))
 
 _warming = threading.Lock()
 _warmed = False
@@ -780,7 +785,7 @@ def parse_text(data: bytes, rows: int, layout: Layout) -> TextChunk:
     scratch = np.empty(len(data) + 1 if syntax.quoting else 1, dtype=np.uint8)
     unquoted = scratch.view()
     unquoted.flags.writeable = False
-    words = np.ndarray((b.size - 7,) if b.size >= 8 else (0,), dtype="<u8", buffer=data, strides=(1,))
+    words = np.ndarray((b.size - 7,), dtype="<u8", buffer=data, strides=(1,)) if b.size > 8 else _NO_WORDS
     fallbacks, end = _parse(b, words, rows, layout.kinds, layout.slots, layout.seeds, layout.required, layout.classes,
                             _HEX_DIGITS, layout.delimiter, syntax.quoting, syntax.crlf, layout.list_delimiter,
                             _POW10, ints, floats, missing, list_offsets, lists, err, err_field, err_start, err_end,
