@@ -7,7 +7,7 @@ Lemire, Kaser and Kurz 2019, fastmod_u32): with ``magic = (2**64 - 1) // n + 1``
 ``h % n = ((magic * h mod 2**64) * n) >> 64``, exact for every 32-bit ``h`` and ``1 <= n < 2**32``. The
 128-bit product's high word is made from two 32 x 32 -> 64-bit products, which vectorise.
 
-``hash_columns`` hashes a column a tile at a time in two loops: the hashes alone (32-bit words in, 32-bit
+The kernels hash a tile of keys at a time in two loops: the hashes alone (32-bit words in, 32-bit
 hashes out: eight to a vector), then the buckets (64-bit): one loop over both runs four to a vector.
 """
 from __future__ import annotations
@@ -45,15 +45,6 @@ def finish(h, length):
     h = np.uint32(np.uint32(h ^ (h >> np.uint32(16))) * F1)
     h = np.uint32(np.uint32(h ^ (h >> np.uint32(13))) * F2)
     return np.uint32(h ^ (h >> np.uint32(16)))
-
-
-@helper
-def hash_u64(value, seed):
-    """The hash of a 64-bit value's 8 little-endian bytes."""
-    v = np.uint64(value)
-    h = step(seed, np.uint32(v & LOW_WORD))
-    h = step(h, np.uint32(v >> np.uint64(32)))
-    return finish(h, 8)
 
 
 @helper
@@ -97,41 +88,57 @@ def hash_columns(words, rows, num_buckets, seeds, targets, out):
 
 
 @kernel
-def cross_columns(raw, a_rows, b_rows, num_buckets, seeds, targets, out):
+def cross_columns(words, a_rows, b_rows, num_buckets, seeds, targets, out):
     """``out[targets[k], i] = murmur3(le8(raw[a_rows[k], i]) || le8(raw[b_rows[k], i]), seeds[k])
-    % num_buckets[k]``."""
+    % num_buckets[k]``, ``words`` being raw viewed as uint32 (as for ``hash_columns``)."""
+    batch = words.shape[1] // 2
+    hashes = np.empty(min(TILE, batch), dtype=np.uint32)
     for k in range(a_rows.shape[0]):
-        a = raw[a_rows[k]]
-        b = raw[b_rows[k]]
+        a = words[a_rows[k]]
+        b = words[b_rows[k]]
         target = out[targets[k]]
         n = np.uint64(num_buckets[k])
         magic = fastmod_magic(n)
         seed = np.uint32(seeds[k])
-        for i in range(a.shape[0]):
-            va = np.uint64(a[i])
-            vb = np.uint64(b[i])
-            h = step(seed, np.uint32(va & LOW_WORD))
-            h = step(h, np.uint32(va >> np.uint64(32)))
-            h = step(h, np.uint32(vb & LOW_WORD))
-            h = step(h, np.uint32(vb >> np.uint64(32)))
-            target[i] = bucket(finish(h, 16), n, magic)
+        for start in range(0, batch, TILE):
+            m = min(TILE, batch - start)
+            ka = a[2 * start:2 * (start + m)]
+            kb = b[2 * start:2 * (start + m)]
+            for i in range(m):
+                h = step(step(seed, ka[2 * i]), ka[2 * i + 1])
+                hashes[i] = finish(step(step(h, kb[2 * i]), kb[2 * i + 1]), 16)
+            tile = target[start:start + m]
+            for i in range(m):
+                tile[i] = bucket(hashes[i], n, magic)
 
 
 @kernel
-def hash_keys(keys, seed, num_buckets, out):
-    """Each key (uint64: its 8 little-endian bytes; uint32: its 4) hashed with ``seed``: the bucket
-    (``num_buckets`` >= 1, ``out`` int64) or, with ``num_buckets`` 0, the hash itself (``out`` uint32)."""
-    seed = np.uint32(seed)
+def hash_keys(words, width, seed, num_buckets, out):
+    """Key i, its ``width`` (2: 8 bytes, 1: 4 bytes) little-endian uint32 words ``words[width * i:width * (i + 1)]``,
+    hashed with ``seed``: the bucket (``num_buckets`` >= 1, ``out`` int64) or, with ``num_buckets`` 0, the hash
+    itself (``out`` uint32)."""
+    count = out.shape[0]
+    seed32 = np.uint32(seed)
     n = np.uint64(num_buckets)
     magic = fastmod_magic(max(n, np.uint64(1)))
-    wide = keys.itemsize == 8
-    if n > 0:
-        for i in range(keys.shape[0]):
-            h = hash_u64(keys[i], seed) if wide else finish(step(seed, np.uint32(keys[i])), 4)
-            out[i] = bucket(h, n, magic)
-    else:
-        for i in range(keys.shape[0]):
-            out[i] = hash_u64(keys[i], seed) if wide else finish(step(seed, np.uint32(keys[i])), 4)
+    hashes = np.empty(min(TILE, count), dtype=np.uint32)
+    for start in range(0, count, TILE):
+        m = min(TILE, count - start)
+        if width == 2:
+            keys = words[2 * start:2 * (start + m)]
+            for i in range(m):
+                hashes[i] = finish(step(step(seed32, keys[2 * i]), keys[2 * i + 1]), 8)
+        else:
+            keys = words[start:start + m]
+            for i in range(m):
+                hashes[i] = finish(step(seed32, keys[i]), 4)
+        tile = out[start:start + m]
+        if n > 0:
+            for i in range(m):
+                tile[i] = bucket(hashes[i], n, magic)
+        else:
+            for i in range(m):
+                tile[i] = hashes[i]
 
 
 @kernel

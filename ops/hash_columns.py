@@ -113,7 +113,8 @@ def hash_columns(raw, plan: HashPlan, out=None):
         native.hash_columns(raw.view(np.uint32), plan.sources.reshape(-1), plan.num_buckets, plan.seeds,
                             plan.targets, out)
     elif native is not None:
-        native.cross_columns(raw, np.ascontiguousarray(plan.sources[:, 0]), np.ascontiguousarray(plan.sources[:, 1]),
+        native.cross_columns(raw.view(np.uint32), np.ascontiguousarray(plan.sources[:, 0]),
+                             np.ascontiguousarray(plan.sources[:, 1]),
                              plan.num_buckets, plan.seeds, plan.targets, out)
     else:
         for (a, *b), n, seed, target in zip(plan.sources.tolist(), plan.num_buckets.tolist(), plan.seeds.tolist(),

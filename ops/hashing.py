@@ -49,8 +49,8 @@ def _hash(values, seed: int, num_buckets: int | None):
     if xp is np:
         native = kernels("murmur3")
         if native is not None and keys.size:
-            flat = keys.reshape(-1).view(np.uint64 if keys.dtype.itemsize == 8 else np.uint32)
-            native.hash_keys(flat, seed, num_buckets or 0, out.reshape(-1))
+            native.hash_keys(keys.reshape(-1).view(np.uint32), keys.dtype.itemsize // 4, seed, num_buckets or 0,
+                             out.reshape(-1))
         else:
             hash_words([key_words(keys)], seed, num_buckets, out.reshape(-1))
         return out
