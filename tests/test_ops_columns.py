@@ -83,7 +83,7 @@ def test_crosses_equal_numpy_murmur3(path):
 @needs_numba
 @pytest.mark.parametrize("n", [1, 2, 3, 10, 641, 65537, 1_000_003, 2**31 - 1, 2**31 + 1, 2**32 - 5, 2**32 - 1])
 def test_the_division_free_modulo_is_exact_next_to_every_multiple(n):
-    """The float reciprocal's quotient may be off by one exactly where h lies next to a multiple of n."""
+    """Lemire's direct remainder, checked where h lies next to a multiple of n (where a quotient is off by one)."""
     from feedline.ops._murmur3_numba import bucket_of
 
     q = np.unique(np.concatenate([np.arange(0, 2000), rng.integers(0, (2**32 - 1) // n + 1, 5000)]))
