@@ -15,7 +15,7 @@ import torch
 from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.loader import DataError, Loader
 from feedline.loader.sampler import BatchPlan, LastBatch
-from feedline.loader.sources import growing_index, line_index
+from feedline.loader.sources import growing_index, gzip_stream, line_index, tsv
 from feedline.loader.stream_order import StreamOrder
 from feedline.pipelines.criteo import criteo
 
@@ -312,3 +312,111 @@ def test_closing_the_loader_stops_the_scan(gz, monkeypatch):
     assert not scan.complete
     with pytest.raises(DataError, match="closed before its index was complete"):
         scan.wait_rows(ROWS)
+
+
+# ---- the scan hands its first chunks and marks to the reader (no second decompression on the way to batch 1) ----
+class Counted(gzip_stream.GzipStream):
+    """A reader's stream (``tsv``'s): counts the decompressed bytes it hands out."""
+
+    given = 0
+
+    def read(self, limit):
+        out = super().read(limit)
+        Counted.given += len(out)
+        return out
+
+
+def plain_bytes(path):
+    with gzip.open(path, "rb") as f:
+        return f.read()
+
+
+def test_the_scan_hands_exact_chunks_and_marks(gz, monkeypatch):
+    """Every chunk the scan hands over is the stream's bytes [start, stop) with the byte before it; every mark
+    resumes the stream at its position (blocks of an odd size, so that marks fall inside chunks and lines)."""
+    monkeypatch.setattr(growing_index, "BLOCK_BYTES", 5001)
+    data = plain_bytes(gz)
+
+    class Keeper:
+        def __init__(self):
+            self.chunks, self.marks = [], []
+
+        def offer_mark(self, mark, before):
+            self.marks.append((mark, before))
+            return True
+
+        def offer_chunk(self, start, stop, before, data):
+            self.chunks.append((start, stop, before, data))
+            return True
+
+    keeper = Keeper()
+    done = threading.Event()
+    index = growing_index.GrowingIndex(gz, lambda arrays, complete: None, lambda arrays: done.set(), keeper)
+    assert index.wait_complete() == ROWS and done.wait(30)
+    starts, stops = LineScan_of(data)[:2]
+    assert [(c[0], c[1]) for c in keeper.chunks] == list(zip(starts.tolist(), stops.tolist()))
+    for start, stop, before, chunk in keeper.chunks:
+        assert chunk == data[start:stop] and before == data[max(start - 1, 0):start]
+    positions = [mark.position for mark, _ in keeper.marks]  # one before each block read but the first
+    assert positions == sorted(set(positions)) and positions[0] > 0 and len(positions) >= len(data) // 5001 - 1
+    for mark, before in keeper.marks:
+        with gzip_stream.GzipStream.resume(gz, mark) as stream:
+            got = b""
+            while len(got) < 7000 and (block := stream.read(7000 - len(got))):
+                got += block
+        assert got == data[mark.position:mark.position + 7000] and before == data[mark.position - 1:mark.position]
+
+
+def LineScan_of(data):
+    scan = line_index.LineScan()
+    scan.feed(data)
+    return scan.finish().arrays()
+
+
+@pytest.mark.parametrize("stash", [None, 60_000])
+def test_the_first_reads_take_what_the_scan_decompressed(gz, monkeypatch, stash):
+    """A lazily indexed file's readers take the chunks the scan decompressed (with a small stash: the first ones,
+    then from the scan's marks, then as before) instead of decompressing the file again: up to the first batch
+    they decompress nothing (with the default stash; a remembered index's readers decompress the first window),
+    and the epoch's batches equal the remembered index's."""
+    monkeypatch.setattr(tsv, "GzipStream", Counted)
+    monkeypatch.setattr(growing_index, "BLOCK_BYTES", 20_011)  # marks every ~20 KB, inside chunks
+    if stash is not None:
+        monkeypatch.setattr(tsv, "STASH_BYTES", stash)
+    make = lambda: Loader(criteo(gz), batch_size=300, placement="cpu", seed=3, shuffle_buffer=BUFFER,
+                          num_threads=2, cache="off")  # (the table cache would serve the second one)
+    Counted.given = 0
+    lazy = make()
+    assert lazy.source.growing is not None
+    it = iter(lazy)
+    got = [flatten(next(it))]
+    first_read = Counted.given
+    got += [flatten(b) for b in it]
+    again = make()
+    assert again.source.growing is None
+    same(got, batches(again, epochs=1))
+    probe = make()
+    Counted.given = 0
+    next(iter(probe))
+    assert Counted.given >= BUFFER * 150  # (the first window, some 200 bytes a row)
+    probe.close()
+    if stash is None:
+        assert first_read == 0
+
+
+def test_a_cache_decision_taken_while_the_index_grows_stays(gz, monkeypatch):
+    """The table cache decides on its first chunks, while the file is still being indexed; the file added again as
+    its index grows and completes keeps that decision (it showed 'not decided yet' again, while in use)."""
+    hold = held_scan(monkeypatch)
+    loader = Loader(criteo(gz), batch_size=300, placement="cpu", shuffle_buffer=BUFFER, cache="on")
+    it = iter(loader)
+    for _ in range(6):
+        next(it)
+    decided = loader.source.reader.cache_decision
+    assert loader.source.pending and decided.measured and decided.use
+    hold.release()
+    loader.source.growing.wait_complete()
+    for _ in it:
+        pass
+    assert not loader.source.pending and loader.source.reader.cache_decision == decided
+    loader.close()

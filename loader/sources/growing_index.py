@@ -8,22 +8,36 @@ the sidecar as a full scan would have kept it (``index_store``), so the next ope
 
 An error met by the scan (a file cut short, corrupt, with other bytes after its last member) is kept and
 raised, naming the file, to whoever waits for rows past it, and to every later wait.
+
+The first batches read the file's first chunks, which the scan has just decompressed: so that they are not
+decompressed a second time on the way to the first batch, the scan hands them to a ``Keeper`` (the reader's
+``tsv._GzipCursor``) while it takes them: each closed chunk's bytes, and a mark (``GzipStream.mark``) at each
+block it reads, from which a reader resumes instead of decompressing from the top. The keeper bounds what it
+takes; once it declines, the scan keeps no more blocks than it needs to index.
 """
 from __future__ import annotations
 
 import os
 import threading
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
-from .gzip_stream import GzipError, GzipStream
+from .gzip_stream import GzipError, GzipStream, Mark
 from .line_index import BLOCK_BYTES, LineScan
 from .table_rows import RowError
 
 PUBLISH_SHARE = 16  # chunks are published once 1/16 more than were published have closed (and at the end)
 
 Publish = Callable[[tuple[np.ndarray, ...], bool], None]
+
+
+class Keeper(Protocol):
+    """Takes what the scan decompressed, for the reads that follow it; each returns False once it takes no more."""
+
+    def offer_mark(self, mark: Mark, before: bytes) -> bool: ...  # ``before``: the byte before the mark (b"" at 0)
+
+    def offer_chunk(self, start: int, stop: int, before: bytes, data: bytes) -> bool: ...
 
 
 class GrowingIndex:
@@ -33,8 +47,11 @@ class GrowingIndex:
     with the whole index (what it raises is logged by the caller's own handler, never lost silently: it is kept
     as the index's error)."""
 
-    def __init__(self, path: str, on_publish: Publish, on_complete: Callable[[tuple[np.ndarray, ...]], None]):
+    def __init__(self, path: str, on_publish: Publish, on_complete: Callable[[tuple[np.ndarray, ...]], None],
+                 keeper: Keeper | None = None):
+        """``keeper``: given the scan's first chunks and marks (see the module's docstring), or None."""
         self.path = path
+        self._keeper = keeper
         self.size = os.path.getsize(path)  # compressed bytes
         self._on_publish, self._on_complete = on_publish, on_complete
         self._cond = threading.Condition()
@@ -78,18 +95,28 @@ class GrowingIndex:
     def _run(self) -> None:
         scan = LineScan()
         published = 0
+        handing = _Handing(self._keeper) if self._keeper is not None else None
         try:
             with GzipStream(self.path) as stream:
-                while block := stream.read(BLOCK_BYTES):
+                while True:
+                    if handing is not None:
+                        handing.mark(stream)
+                    block = stream.read(BLOCK_BYTES)
+                    if not block:
+                        break
                     if self._stopped.is_set():
                         self._fail(RowError(self.path, None, "was closed before its index was complete"))
                         return
                     scan.feed(block)
+                    if handing is not None and not handing.chunks(scan, block, stream.position):
+                        handing = None
                     closed = len(scan.rows)
                     if closed and closed - published >= max(1, published // PUBLISH_SHARE):
                         self._publish(scan, stream.compressed_position, False)
                         published = closed
             scan.finish()
+            if handing is not None:
+                handing.chunks(scan, b"", scan.size)
             arrays = scan.arrays()
             self._on_publish(arrays, True)
             self._on_complete(arrays)
@@ -113,3 +140,48 @@ class GrowingIndex:
         with self._cond:
             self.error = error
             self._cond.notify_all()
+
+
+class _Handing:
+    """The scan's side of handing its first chunks to a ``Keeper``: the blocks read since the first chunk not yet
+    handed (with the byte before it), cut into that chunk's bytes when it closes. It holds at most
+    ``MAX_HELD`` bytes (a line longer than that ends the handing: such a chunk is never kept anyway)."""
+
+    MAX_HELD = 4 * BLOCK_BYTES
+
+    def __init__(self, keeper: Keeper):
+        self.keeper = keeper
+        self.blocks: list[tuple[int, bytes]] = []  # (offset in the stream, bytes), in order
+        self.handed = 0        # chunks handed so far
+        self.marking = True    # whether marks are still taken
+        self.last = b""        # the stream's last byte so far
+
+    def mark(self, stream: GzipStream) -> None:
+        if self.marking and stream.position:  # (the top needs no mark: a stream starts there)
+            self.marking = self.keeper.offer_mark(stream.mark(), self.last)
+
+    def chunks(self, scan: LineScan, block: bytes, end: int) -> bool:
+        """``block`` (ending at ``end``) read and fed: each chunk closed since is handed. False: hand no more."""
+        if block:
+            self.blocks.append((end - len(block), block))
+            self.last = block[-1:]
+        while self.handed < len(scan.starts):
+            start, stop = scan.starts[self.handed], scan.stops[self.handed]
+            if not self.keeper.offer_chunk(start, stop, self._bytes(start - 1, start) if start else b"",
+                                           self._bytes(start, stop)):
+                self.blocks.clear()
+                return False
+            self.handed += 1
+        # Held: what the next chunk needs (chunks are contiguous: it starts where the last one handed stops), from
+        # the byte before its start.
+        keep_from = (scan.stops[self.handed - 1] if self.handed else 0) - 1
+        while self.blocks and self.blocks[0][0] + len(self.blocks[0][1]) <= keep_from:
+            self.blocks.pop(0)
+        if sum(len(b) for _, b in self.blocks) > self.MAX_HELD:
+            self.blocks.clear()
+            return False
+        return True
+
+    def _bytes(self, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of the stream, from the blocks held."""
+        return b"".join(b[max(start - o, 0):stop - o] for o, b in self.blocks if o < stop and o + len(b) > start)

@@ -247,7 +247,9 @@ class TableCache:
         old.rows, old.chunks = rows, int(index.rows.size)
         self.rows += old.rows
         self.chunks += old.chunks
-        self.decision = pending(_what(self.files), self.settings)
+        with self._lock:
+            if self._state == "measuring":  # (a decision taken stays: a lazily indexed file is added as it grows)
+                self.decision = pending(_what(self.files), self.settings)
 
     def forget(self, path: str) -> None:
         """``path`` is not this table's after all (added for a lazy index that was not needed)."""

@@ -92,7 +92,16 @@ class TsvFormat:
             if on_complete is not None:
                 on_complete(_chunk_index(arrays, True))
 
-        return GrowingIndex(path, lambda arrays, done: on_publish(_chunk_index(arrays, True), done), complete)
+        return GrowingIndex(path, lambda arrays, done: on_publish(_chunk_index(arrays, True), done), complete,
+                            keeper=self._scan_keeper(path))
+
+    def _scan_keeper(self, path: str) -> _GzipCursor:
+        """The file's cursor, given the first chunks and marks of its index's scan (``growing_index.Keeper``)."""
+        with self._lock:
+            cursor = self._cursors.get(path)
+            if cursor is None:
+                cursor = self._cursors[path] = _GzipCursor(path, np.zeros(0, dtype=np.int64))
+        return cursor
 
     # ---- reading ----------------------------------------------------------------------------------
     def load(self, path: str, index: ChunkIndex, chunk: int) -> RowsChunk:
@@ -208,7 +217,10 @@ class _GzipCursor:
       ``STASH_BYTES``) for the thread that asks for them next, so passing costs no second decompression;
     - at every chunk start it leaves a mark (``GzipStream.mark``), so a chunk behind it that is no longer kept is
       read from its mark on a stream of its own (two threads then decompress different chunks at once);
-    - a chunk far from any mark (a new epoch) moves the main stream back to the nearest mark, or to the top."""
+    - a chunk far from any mark (a new epoch) moves the main stream back to the nearest mark, or to the top;
+    - a file indexed while it is read (``index_lazily``): its scan hands over the first chunks it closes (up to
+      ``STASH_BYTES``, kept as passed chunks are) and marks at its first blocks (``offer_chunk``, ``offer_mark``),
+      so the first batches decompress nothing the scan has decompressed."""
 
     def __init__(self, path: str, starts: np.ndarray):
         self.path = path
@@ -247,6 +259,29 @@ class _GzipCursor:
                 return self._read(stream, start, stop, keep, main=False, last=mark[1])
         except GzipError as e:
             raise RowError(self.path, None, f"is not a readable gzip file: {e}") from None
+
+    # ---- what the file's index scan hands over (``growing_index.Keeper``) ------------------------------
+    def offer_mark(self, mark: Mark, before: bytes) -> bool:
+        """A mark the scan took; kept while the scan's marks are fewer than half of ``MAX_MARKS`` (the readers'
+        own marks push them out as they read on). False: no more."""
+        with self.kept_lock:
+            if len(self.marks) >= MAX_MARKS // 2:
+                return False
+            self.marks.setdefault(mark.position, (mark, before))
+            return True
+
+    def offer_chunk(self, start: int, stop: int, before: bytes, data: bytes) -> bool:
+        """A chunk the scan closed, kept for its first read while the kept chunks stay within ``STASH_BYTES``
+        (a chunk larger than ``KEEP_CHUNK_BYTES``, a long line, is passed by). False: no more."""
+        if len(data) > KEEP_CHUNK_BYTES:
+            return True
+        with self.kept_lock:
+            if self.kept_bytes + len(data) > STASH_BYTES:
+                return False
+            if start not in self.kept:
+                self.kept[start] = (stop, before, data)
+                self.kept_bytes += len(data)
+            return True
 
     def release(self) -> None:
         """Let go of the stream, the marks and the kept chunks (a later read starts again from the top)."""
