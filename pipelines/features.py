@@ -153,6 +153,14 @@ class DenseColumns(FeatureStage):
         return ops.dense_plan(range(len(self.dense)), [f.fill for f in self.dense],
                               [f.clip_min for f in self.dense], [f.log1p for f in self.dense])
 
+    @functools.cached_property
+    def bucketize_settings(self) -> ops.DensePlan:
+        """The bucketized columns' fill, clip and log1p (rows after the dense ones), as ``ops.normalize_columns``
+        takes them."""
+        first = len(self.dense)
+        return ops.dense_plan(range(first, first + len(self.bucketized)), [f.fill for f in self.bucketized],
+                              [f.clip_min for f in self.bucketized], [f.log1p for f in self.bucketized])
+
     def shapes(self, rows: int) -> Shapes:
         shapes: Shapes = {}
         if self.dense:
@@ -170,9 +178,9 @@ class DenseColumns(FeatureStage):
             result["dense"] = ops.normalize_columns(raw, self.normalize_settings, out_dense)
         if self.bucketized:
             ids = _array(out, "bucketized", (len(self.bucketized), raw.shape[1]), np.int64, xp)
+            values = ops.normalize_columns(raw, self.bucketize_settings)  # [B, K]: normalize_dense's bits, one pass
             for k, f in enumerate(self.bucketized):
-                value = ops.normalize_dense(raw[len(self.dense) + k], f.fill, f.clip_min, f.log1p)
-                ids[k] = ops.bucketize(value, xp.asarray(f.boundaries, dtype=np.float64))
+                ids[k] = ops.bucketize(values[:, k], xp.asarray(f.boundaries, dtype=np.float64))
             result["bucketized"] = ids
         return result
 
