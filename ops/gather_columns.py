@@ -139,11 +139,16 @@ def gather_blocks(blocks, picks: np.ndarray, bounds: np.ndarray, local: np.ndarr
     native = kernels("gather")
     if native is None or not blocks:
         return not blocks
-    first = blocks[0].layout
-    if any(b.layout.shape != first.shape for b in blocks):
+    try:  # (np.array of a list: no Python-level steps, where np.stack takes about ten)
+        layouts = np.array([b.layout for b in blocks], dtype=np.int64)
+    except ValueError:  # layouts of different numbers of columns
         return False
-    addresses = np.array([(b.data.ctypes.data, b.flags.ctypes.data) for b in blocks], dtype=np.int64)
-    layouts = np.stack([b.layout for b in blocks])
+    if layouts.ndim != 3:
+        return False
+    addresses = np.empty((len(blocks), 2), dtype=np.int64)
+    for g, b in enumerate(blocks):  # (``ctypes.data`` takes two Python-level steps: once where flags are data)
+        addresses[g, 0] = address = b.data.ctypes.data
+        addresses[g, 1] = address if b.flags is b.data else b.flags.ctypes.data
     return bool(native.gather_blocks(addresses, layouts, picks, bounds, local, positions, np.int64(missing_id),
                                      np.zeros(0, np.float32) if label is None else label,
                                      _EMPTY_ROWS if dense is None else dense,

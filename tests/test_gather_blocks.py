@@ -107,8 +107,9 @@ def test_blocks_it_cannot_take_together_are_refused_writing_nothing():
     moved.layout[0, 1] += 1  # a column elsewhere in its records than in the first block's
     unflagged = block._replace(layout=block.layout.copy())
     unflagged.layout[:, 3] = 0
+    fewer = block._replace(layout=block.layout[:5])  # (blocks of different numbers of columns)
     for blocks, these in (([row_major], ops.gather_picks(None, [], [0, 1])), ([block, moved], picks),
-                          ([unflagged], picks)):
+                          ([unflagged], picks), ([block, fewer], ops.gather_picks(None, [], [0, 1]))):
         groups = np.array([0] + [10] * len(blocks), dtype=np.int64)
         assert not gather_blocks(blocks, these, groups, local, local, missing_id=0, label=label, dense=dense, ids=ids)
     assert (ids == -5).all() and (dense == -5).all() and (label == -5).all()
