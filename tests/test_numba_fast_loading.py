@@ -2,7 +2,7 @@
 (``ops._numba.fast_loading``): in a fresh process, a cached kernel that allocates, loops and raises runs and
 gives its results with none of numba's other implementations imported (no ``arraymath``, no ``scipy.linalg``),
 and a user's own numba function compiled afterwards in that process (``np.dot``, ``np.sum``: the implementations
-the refresh installs) still compiles and runs."""
+the refresh installs) still compiles and runs. A Criteo TSV epoch in a fresh process loads its kernels that way."""
 from __future__ import annotations
 
 import json
@@ -77,3 +77,30 @@ def test_a_cached_kernel_loads_without_refreshing_numba_and_numba_still_compiles
     assert second["raised"] == "n is larger than out"
     assert second["refreshed"] == []
     assert second["users_own"] == 9.0 and second["refreshed_after"]
+
+
+EPOCH = textwrap.dedent('''
+    import json, sys
+    from feedline.loader import Loader
+    from feedline.pipelines.criteo import criteo
+    loader = Loader(criteo(sys.argv[1], table_sizes=1000), 512, placement="cpu", shuffle=True, seed=0, cache="off")
+    rows = sum(int(b["label"].shape[0]) for b in loader)
+    loader.close()
+    print(json.dumps({"rows": rows, "refreshed": [m for m in ("numba.np.arraymath", "scipy.linalg") if m in sys.modules]}))
+''')
+
+
+def test_a_criteo_tsv_epoch_in_a_fresh_process_never_refreshes_numba(tmp_path):
+    """Once its kernels are in numba's cache (the first run compiles whatever is not), a process reading a Criteo
+    TSV epoch imports none of numba's arraymath or scipy.linalg: every kernel on that path loads without numba's
+    refresh, and none names an implementation that imports them (an array method such as ``.min()`` would)."""
+    from feedline.datagen.synthetic_criteo import make_criteo
+
+    path = tmp_path / "c.tsv"
+    make_criteo(path, 3000, seed=0)
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", EPOCH, str(path)], capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert runs[1] == {"rows": 3000, "refreshed": []}
