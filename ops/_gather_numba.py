@@ -466,15 +466,15 @@ def _in_order(read, to_ids, name):
     row's flag ``bit`` is set, into ``out`` in the rows' order (``gather_blocks``: a tile of the batch's
     positions, front to back). Named apart as ``_from_records``' loops are."""
     if to_ids:
-        def loop(offset, bit, bases, words, missing_id, out):
-            for i in range(bases.shape[0]):
-                value = np.int64(read(bases[i] + offset))
-                out[i] = missing_id if words[i] & bit else value
+        def loop(offset, bit, bases, words, start, count, missing_id, out, row):
+            for i in range(count):
+                value = np.int64(read(bases[np.uint64(start + i)] + offset))
+                out[np.uint64(row), np.uint64(start + i)] = missing_id if words[i] & bit else value
     else:
-        def loop(offset, bit, bases, words, missing_id, out):
-            for i in range(bases.shape[0]):
-                value = np.float32(read(bases[i] + offset))
-                out[i] = NAN32 if words[i] & bit else value
+        def loop(offset, bit, bases, words, start, count, missing_id, out, row):
+            for i in range(count):
+                value = np.float32(read(bases[np.uint64(start + i)] + offset))
+                out[np.uint64(row), np.uint64(start + i)] = NAN32 if words[i] & bit else value
     loop.__name__ = loop.__qualname__ = name
     return helper(loop)
 
@@ -484,9 +484,10 @@ def _scaled(read, name):
     times ``factors[flag]``, 1 or NaN (x86 gives back the NaN operand: NaN32's bits exactly). LLVM makes a
     choice between two floats a branch on x86, mispredicted wherever the choice is random as missing flags are
     (a third of Criteo's dense values): 25-30% of a converted Criteo batch's gather."""
-    def loop(offset, shift, bases, words, factors, out):
-        for i in range(bases.shape[0]):
-            out[i] = np.float32(read(bases[i] + offset)) * factors[(words[i] >> shift) & np.uint64(1)]
+    def loop(offset, shift, bases, words, start, count, factors, out, row):
+        for i in range(count):
+            at = np.uint64(start + i)
+            out[np.uint64(row), at] = np.float32(read(bases[at] + offset)) * factors[(words[i] >> shift) & np.uint64(1)]
     loop.__name__ = loop.__qualname__ = name
     return helper(loop)
 
@@ -499,8 +500,11 @@ _ord_reals_f32, _ord_reals_f64 = (_in_order(r, False, f"in_order_reals_{t}") for
 
 
 @helper
-def in_order_ids(code, offset, bit, bases, words, missing_id, out):
-    args = (offset, bit, bases, words, missing_id, out)
+def in_order_ids(code, offset, bit, bases, words, start, count, missing_id, out, row):
+    """Rows ``start..start + count`` of the batch (``bases``: their records; ``words``: the tile's flag words)
+    into ``out[row]``. (Whole arrays and indices, not slices: a slice made per column and tile costs a
+    reference count taken and given back, atomically, 40 times a tile.)"""
+    args = (offset, bit, bases, words, start, count, missing_id, out, row)
     if code == U8:
         _ord_ids_u8(*args)
     elif code == I8:
@@ -518,9 +522,9 @@ def in_order_ids(code, offset, bit, bases, words, missing_id, out):
 
 
 @helper
-def in_order_reals(code, offset, shift, bases, words, factors, out):
-    """(``factors``: 1 and NaN, or 1 and 1 for a column never missing: the label.)"""
-    scaled = (offset, shift, bases, words, factors, out)
+def in_order_reals(code, offset, shift, bases, words, start, count, factors, out, row):
+    """As ``in_order_ids``; ``factors``: 1 and NaN, or 1 and 1 for a column never missing (the label)."""
+    scaled = (offset, shift, bases, words, start, count, factors, out, row)
     if code == U8:
         _scaled_u8(*scaled)
     elif code == I8:
@@ -538,9 +542,9 @@ def in_order_reals(code, offset, shift, bases, words, factors, out):
     else:  # a float column may hold NaN or -0.0, which a product would change: a choice, kept exact
         bit = np.uint64(0) if factors[1] == 1 else np.uint64(1) << shift
         if code == F32:
-            _ord_reals_f32(offset, bit, bases, words, 0, out)
+            _ord_reals_f32(offset, bit, bases, words, start, count, 0, out, row)
         else:
-            _ord_reals_f64(offset, bit, bases, words, 0, out)
+            _ord_reals_f64(offset, bit, bases, words, start, count, 0, out, row)
 
 
 @helper
@@ -596,6 +600,7 @@ def gather_blocks(addresses, layouts, picks, bounds, local, positions, missing_i
     missing = np.empty(2, np.float32)  # a value's factor by its missing flag
     missing[0], missing[1] = 1.0, NAN32
     present = np.ones(2, np.float32)
+    labels = label.reshape((1, label.shape[0]))  # (a row, as the dense and id rows are)
     ahead = BLOCK_TILE * TILES_AHEAD
     prefetch_rows(bases, flag_at, step, 0, min(n, ahead))
     for start in range(0, n, BLOCK_TILE):
@@ -607,7 +612,6 @@ def gather_blocks(addresses, layouts, picks, bounds, local, positions, missing_i
             for b in range(flag_bytes):
                 word |= np.uint64(_read_u8(at + b)) << np.uint64(8 * b)
             words[i] = word
-        tile = bases[start:stop]
         for j in range(picks.shape[0]):
             c, target, row = picks[j, 0], picks[j, 1], picks[j, 2]
             code = first[c, 0]
@@ -620,11 +624,11 @@ def gather_blocks(addresses, layouts, picks, bounds, local, positions, missing_i
             prefetch_rows(bases, flag_at, step, min(n, start + ahead + j * share),
                           min(n, start + ahead + (j + 1) * share))
             if target == IDS:
-                in_order_ids(code, offset, np.uint64(1) << shift, tile, words[:m], missing_id, ids[row, start:stop])
+                in_order_ids(code, offset, np.uint64(1) << shift, bases, words, start, m, missing_id, ids, row)
             elif target == DENSE:
-                in_order_reals(code, offset, shift, tile, words[:m], missing, dense[row, start:stop])
+                in_order_reals(code, offset, shift, bases, words, start, m, missing, dense, row)
             else:  # the label: never missing
-                in_order_reals(code, offset, shift, tile, words[:m], present, label[start:stop])
+                in_order_reals(code, offset, shift, bases, words, start, m, present, labels, 0)
     return True
 
 
