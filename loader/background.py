@@ -27,7 +27,6 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .thread_priority import BATCH_THREAD, lower_this_thread
 from .wake_pipe import WakePipe
 
 THREAD_NAME = "feedline-batches"
@@ -118,7 +117,6 @@ class BackgroundStream:
 
     # ---- the stream's thread ------------------------------------------------------------------
     def _run(self, make: Callable[[], Iterator]) -> None:
-        lower_this_thread(BATCH_THREAD)  # below the trainer's thread, above the workers (``thread_priority``)
         try:
             if self._cuda_stream is not None:
                 torch.cuda.set_stream(self._cuda_stream)

@@ -18,7 +18,6 @@ from collections import deque
 from typing import Any, Callable, Iterator
 
 from ..sampler import BatchPlan
-from ..thread_priority import WORKER_THREADS, lower_this_thread
 from ..wake_pipe import WakePipe
 
 THREAD_PREFIX = "feedline-features"
@@ -83,7 +82,6 @@ class _Pool:
             thread.start()
 
     def _work(self) -> None:
-        lower_this_thread(WORKER_THREADS)  # below the trainer's thread (``thread_priority``)
         while True:
             task = self._tasks.get()
             if task is None:
