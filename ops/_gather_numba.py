@@ -20,12 +20,13 @@ into L1 (the rows are random, so the hardware cannot guess them): another 20-25%
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import types
 from llvmlite import ir
 from numba.extending import intrinsic
 
-from ._numba import helper, kernel
+from ._numba import fast_loading, helper, kernel
 
 # The codes of gather_columns.CODES, spelled again here for numba (tests check they agree).
 U8, I8, U16, I16, U32, I32, I64, F32, F64 = range(9)
@@ -545,6 +546,17 @@ def in_order_reals(code, offset, shift, bases, words, start, count, factors, out
             _ord_reals_f32(offset, bit, bases, words, start, count, 0, out, row)
         else:
             _ord_reals_f64(offset, bit, bases, words, start, count, 0, out, row)
+
+
+def _address_of(array):
+    """The address of ``array``'s first byte."""
+    return array.ctypes.data
+
+
+try:  # (holding the GIL: a call this short gains nothing by letting it go, and would wait to take it back)
+    address_of = fast_loading(numba.njit(cache=True, error_model="numpy")(_address_of))
+except RuntimeError:  # numba found no writable cache location
+    address_of = numba.njit(cache=False, error_model="numpy")(_address_of)
 
 
 @helper

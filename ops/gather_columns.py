@@ -146,9 +146,10 @@ def gather_blocks(blocks, picks: np.ndarray, bounds: np.ndarray, local: np.ndarr
     if layouts.ndim != 3:
         return False
     addresses = np.empty((len(blocks), 2), dtype=np.int64)
-    for g, b in enumerate(blocks):  # (``ctypes.data`` takes two Python-level steps: once where flags are data)
-        addresses[g, 0] = address = b.data.ctypes.data
-        addresses[g, 1] = address if b.flags is b.data else b.flags.ctypes.data
+    address_of = native.address_of  # (0.7 us a call, where ``ndarray.ctypes.data`` took 3.3, holding the GIL)
+    for g, b in enumerate(blocks):
+        addresses[g, 0] = address = address_of(b.data)
+        addresses[g, 1] = address if b.flags is b.data else address_of(b.flags)
     return bool(native.gather_blocks(addresses, layouts, picks, bounds, local, positions, np.int64(missing_id),
                                      np.zeros(0, np.float32) if label is None else label,
                                      _EMPTY_ROWS if dense is None else dense,
