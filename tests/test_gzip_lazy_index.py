@@ -331,11 +331,18 @@ def plain_bytes(path):
         return f.read()
 
 
-def test_the_scan_hands_exact_chunks_and_marks(gz, monkeypatch):
+@pytest.mark.parametrize("members", [1, 3])
+def test_the_scan_hands_exact_chunks_and_marks(gz, monkeypatch, members):
     """Every chunk the scan hands over is the stream's bytes [start, stop) with the byte before it; every mark
-    resumes the stream at its position (blocks of an odd size, so that marks fall inside chunks and lines)."""
+    resumes the stream at its position (blocks of an odd size, so that marks fall inside chunks and lines; a file
+    of several gzip members, so that some fall between them)."""
     monkeypatch.setattr(growing_index, "BLOCK_BYTES", 5001)
     data = plain_bytes(gz)
+    if members > 1:
+        cuts = [0, len(data) // 3 + 17, 2 * len(data) // 3 + 5001 * 3, len(data)]
+        with open(gz, "wb") as f:
+            for a, b in zip(cuts, cuts[1:]):
+                f.write(gzip.compress(data[a:b]))
 
     class Keeper:
         def __init__(self):
@@ -420,3 +427,4 @@ def test_a_cache_decision_taken_while_the_index_grows_stays(gz, monkeypatch):
         pass
     assert not loader.source.pending and loader.source.reader.cache_decision == decided
     loader.close()
+

@@ -159,7 +159,9 @@ def _kernels():
     that opening a text table imports no numba on the thread that indexes its files."""
     from numba import njit
 
-    return njit(nogil=True, cache=True)(_ranges), njit(nogil=True, cache=True)(_fill)
+    from ...ops._numba import fast_loading  # (loaded from the cache without numba's refresh, as every kernel is)
+
+    return fast_loading(njit(nogil=True, cache=True)(_ranges)), fast_loading(njit(nogil=True, cache=True)(_fill))
 
 
 def _described(doc: dict) -> bytes:

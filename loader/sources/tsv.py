@@ -230,15 +230,17 @@ class _GzipCursor:
         self.last = b""  # the byte before the main stream's position
         self.kept_lock = threading.Lock()  # the marks' and the kept chunks'
         self.marks: OrderedDict[int, tuple[Mark, bytes]] = OrderedDict()  # position -> (mark, byte before it)
-        self.kept: OrderedDict[int, tuple[int, bytes, bytes]] = OrderedDict()  # start -> (stop, byte before, bytes)
+        # start -> (stop, byte before, bytes, whether it stays after a read: the scan's chunks do, see ``offer_chunk``)
+        self.kept: OrderedDict[int, tuple[int, bytes, bytes, bool]] = OrderedDict()
         self.kept_bytes = 0
 
     def read(self, start: int, stop: int, *, keep: bool = True) -> tuple[bytes, bytes]:
         """The byte before ``start`` and the bytes ``[start, stop)`` of the decompressed stream (fewer where it
         ends sooner); with ``keep=False`` the bytes are passed over, not kept."""
         with self.kept_lock:
-            kept = self.kept.pop(start, None)
-            if kept is not None:
+            kept = self.kept.get(start)
+            if kept is not None and not kept[3]:
+                del self.kept[start]
                 self.kept_bytes -= len(kept[2])
         if kept is not None and kept[0] == stop:
             return kept[1], kept[2] if keep else b""
@@ -271,15 +273,17 @@ class _GzipCursor:
             return True
 
     def offer_chunk(self, start: int, stop: int, before: bytes, data: bytes) -> bool:
-        """A chunk the scan closed, kept for its first read while the kept chunks stay within ``STASH_BYTES``
-        (a chunk larger than ``KEEP_CHUNK_BYTES``, a long line, is passed by). False: no more."""
+        """A chunk the scan closed, kept while the kept chunks stay within ``STASH_BYTES`` (a chunk larger than
+        ``KEEP_CHUNK_BYTES``, a long line, is passed by), for every read until chunks kept later push it out
+        (the first batches may read a chunk twice: warmed ahead, and gathered before the warming is done). False:
+        no more."""
         if len(data) > KEEP_CHUNK_BYTES:
             return True
         with self.kept_lock:
             if self.kept_bytes + len(data) > STASH_BYTES:
                 return False
             if start not in self.kept:
-                self.kept[start] = (stop, before, data)
+                self.kept[start] = (stop, before, data, True)
                 self.kept_bytes += len(data)
             return True
 
@@ -345,10 +349,10 @@ class _GzipCursor:
         data = b"".join(pieces)
         with self.kept_lock:
             if start not in self.kept:
-                self.kept[start] = (stop, before, data)
+                self.kept[start] = (stop, before, data, False)
                 self.kept_bytes += len(data)
             while self.kept_bytes > STASH_BYTES:
-                _, (_, _, dropped) = self.kept.popitem(last=False)
+                _, (_, _, dropped, _) = self.kept.popitem(last=False)
                 self.kept_bytes -= len(dropped)
 
 
