@@ -608,6 +608,75 @@ def gather_blocks(addresses, layouts, picks, bounds, local, positions, missing_i
             i = positions[k]
             bases[i] = address + row * step
             flag_at[i] = flags_address + ((lo + row * flag_step) >> 3)
+    write_records(bases, flag_at, first, low, step, flag_bytes, picks, missing_id, label, dense, ids)
+    return True
+
+
+@kernel
+def gather_table(rows, first_row, num_rows, addresses, layouts, picks, missing_id, label, dense, ids, touched):
+    """``gather_blocks`` for the rows ``rows`` (global numbers, any order) of a table whose cached chunks are
+    found by number: chunk ``c`` (its first row ``first_row[c]``, as ``group_by_chunk`` takes it) starts at
+    byte addresses ``addresses[c]`` (data, flags; 0: not cached) with layout ``layouts[c]``. One call finds each
+    row's chunk and record, checks the chunks as ``gather_blocks`` checks its blocks (the chunk of ``rows[0]``
+    first, as ``gather_blocks``' first group) and writes the batch as it does (the same reads, the same bits).
+    Returns the number of chunks touched (their numbers in ``touched``, in order of first appearance), or, having
+    written nothing, -1 where one of them is not cached, -2 where a row is not in ``[0, num_rows)``, -3 where
+    the chunks are not row records laid out alike."""
+    n = rows.shape[0]
+    for i in range(n):
+        if rows[i] < 0 or rows[i] >= num_rows:
+            return -2
+    if n == 0:
+        return 0
+    chunks = first_row.shape[0]
+    top = 1
+    while top * 2 <= chunks:
+        top *= 2
+    shift = power_step(first_row)
+    lows = np.empty(chunks, np.int64)  # each touched chunk's first flag bit (-1: not met yet)
+    for c in range(chunks):
+        lows[c] = -1
+    bases = np.empty(n, np.int64)
+    flag_at = np.empty(n, np.int64)
+    count = 0
+    ref = 0
+    step, flag_step, low, flag_bytes = 0, 0, 0, 0
+    for i in range(n):
+        c = chunk_at(first_row, top, shift, rows[i])
+        lo = lows[c]
+        if lo < 0:
+            if c >= addresses.shape[0] or c >= layouts.shape[0] or addresses[c, 0] == 0 \
+                    or count == touched.shape[0]:
+                return -1
+            s, fs, lo, fb = records_of(layouts[c], picks)
+            if count == 0:
+                if s == 0:
+                    return -3
+                ref, step, flag_step, low, flag_bytes = c, s, fs, lo, fb
+            else:
+                if s != step or fs != flag_step or fb != flag_bytes:
+                    return -3
+                for j in range(picks.shape[0]):
+                    p = picks[j, 0]
+                    if layouts[c, p, 0] != layouts[ref, p, 0] or layouts[c, p, 1] != layouts[ref, p, 1] \
+                            or layouts[c, p, 4] - lo != layouts[ref, p, 4] - low:
+                        return -3
+            lows[c] = lo
+            touched[count] = c
+            count += 1
+        row = rows[i] - first_row[c]
+        bases[i] = addresses[c, 0] + row * step
+        flag_at[i] = addresses[c, 1] + ((lo + row * flag_step) >> 3)
+    write_records(bases, flag_at, layouts[ref], low, step, flag_bytes, picks, missing_id, label, dense, ids)
+    return count
+
+
+@helper
+def write_records(bases, flag_at, first, low, step, flag_bytes, picks, missing_id, label, dense, ids):
+    """The batch written from its rows' records (row ``i``'s at byte address ``bases[i]``, its flag bits from
+    ``low`` at ``flag_at[i]``), a tile of rows at a time, as ``gather_blocks`` describes (``first``: the layout
+    the picked columns' types and places are read from)."""
+    n = bases.shape[0]
     words = np.empty(BLOCK_TILE, np.uint64)
     missing = np.empty(2, np.float32)  # a value's factor by its missing flag
     missing[0], missing[1] = 1.0, NAN32
@@ -641,7 +710,6 @@ def gather_blocks(addresses, layouts, picks, bounds, local, positions, missing_i
                 in_order_reals(code, offset, shift, bases, words, start, m, missing, dense, row)
             else:  # the label: never missing
                 in_order_reals(code, offset, shift, bases, words, start, m, present, labels, 0)
-    return True
 
 
 @helper

@@ -156,6 +156,40 @@ def gather_blocks(blocks, picks: np.ndarray, bounds: np.ndarray, local: np.ndarr
                                      _EMPTY_IDS if ids is None else ids))
 
 
+def block_addresses(block: ColumnBlock) -> tuple[int, int] | None:
+    """(data, flags) byte addresses of a block that :func:`gather_table` can read by address (row records with
+    bit flags are checked there), or None where no native kernel is there to read it."""
+    native = kernels("gather")
+    if native is None:
+        return None
+    address = native.address_of(block.data)
+    return address, address if block.flags is block.data else native.address_of(block.flags)
+
+
+def gather_table(rows: np.ndarray, first_row: np.ndarray, num_rows: int, addresses: np.ndarray,
+                 layouts: np.ndarray, picks: np.ndarray, touched: np.ndarray, *, missing_id: int,
+                 label: np.ndarray | None = None, dense: np.ndarray | None = None, ids: np.ndarray | None = None
+                 ) -> int:
+    """:func:`gather_blocks` for ``rows`` (1-D int64, global numbers, any order) of a table whose chunks
+    (``first_row`` as :func:`group_by_chunk` takes it) are found by number, in one native call that also groups
+    them: chunk ``c`` at byte addresses ``addresses[c]`` (int64 [chunks, 2], data and flags, as
+    :func:`block_addresses` gives them; 0: not at hand) laid out as ``layouts[c]`` (int64 [chunks, columns, 6]).
+    Writes the same bits as ``gather_blocks`` over the chunks' blocks in the order ``group_by_chunk`` gives.
+    Returns the number of chunks read (their numbers in ``touched``, int64 [>= chunks], in order of first
+    appearance); or, having written nothing (the caller then gathers another way): -1 where one is not at hand
+    (or no native kernel is there), -2 where a row is not in ``[0, num_rows)``, -3 where the chunks are not
+    laid out as ``gather_blocks`` takes.
+
+    The kernel reads the chunks by address: the caller holds every chunk given an address until it returns."""
+    native = kernels("gather")
+    if native is None:
+        return -1
+    return int(native.gather_table(rows, first_row, np.int64(num_rows), addresses, layouts, picks,
+                                   np.int64(missing_id), np.zeros(0, np.float32) if label is None else label,
+                                   _EMPTY_ROWS if dense is None else dense, _EMPTY_IDS if ids is None else ids,
+                                   touched))
+
+
 def gather_raw(block: ColumnBlock, int_columns: np.ndarray, float_columns: np.ndarray, local: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows ``local`` of the columns as stored: int64 [n, I], float64 [n, F] and missing bool [n, I + F]."""

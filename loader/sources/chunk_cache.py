@@ -12,6 +12,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ... import ops
+from ...ops.gather_columns import block_addresses
 from .single_flight import SingleFlight
 
 SPARE_BUFFERS = 4  # evicted chunks' buffers kept for reading the next chunks into
@@ -42,11 +43,55 @@ class ChunkCache:
         self._cached_rows = 0
         self._lock = threading.Lock()
         self._loading = SingleFlight(self._lock)
+        # Where the cached chunks' blocks lie, by chunk number (``addressed``): their (data, flags) addresses, 0
+        # where a chunk is not cached, and their layouts (kept: a chunk's layout is the same at every read).
+        self._addresses = np.zeros((chunk_rows.size, 2), np.int64) if reads_into else None
+        self._layouts: np.ndarray | None = None
 
     def grow(self, chunk_rows: np.ndarray, limit_rows: int) -> None:
         """The table has more chunks (an index built while read): ``chunk_rows`` extends the one given before."""
         with self._lock:
             self._chunk_rows, self.limit_rows = chunk_rows, limit_rows
+            if self._addresses is not None and chunk_rows.size > self._addresses.shape[0]:
+                grown = np.zeros((chunk_rows.size, 2), np.int64)
+                grown[:self._addresses.shape[0]] = self._addresses
+                self._addresses = grown
+                self._layouts = None if self._layouts is None else _grown(self._layouts, chunk_rows.size)
+
+    def addressed(self) -> tuple[list, np.ndarray, np.ndarray] | None:
+        """What ``ops.gather_table`` reads the cached chunks by: (every cached chunk, which the caller holds
+        while the kernel reads them; a copy of their addresses by chunk number, 0 for any other; their layouts
+        by number), taken together; None where the chunks are not buffers of row blocks read into."""
+        with self._lock:
+            if self._layouts is None:
+                return None
+            return list(self._cache.values()), self._addresses.copy(), self._layouts
+
+    def touch(self, chunks: list[int]) -> None:
+        """The cached ones of ``chunks`` (in order) made the most lately used, as ``get_all`` does."""
+        with self._lock:
+            cache = self._cache
+            for c in chunks:
+                if c in cache:
+                    cache.move_to_end(c)
+
+    def _address(self, c: int, block) -> None:
+        """(Holding the lock.) Chunk ``c``'s block noted by address, where its layout is like the others'."""
+        if not isinstance(block, ops.ColumnBlock):
+            self._addresses = self._layouts = None
+            return
+        layout = block.layout
+        if self._layouts is None:
+            if layout.ndim != 2 or layout.shape[1] != 6:
+                self._addresses = None
+                return
+            self._layouts = np.zeros((self._addresses.shape[0], *layout.shape), np.int64)
+        where = block_addresses(block)
+        if layout.shape != self._layouts.shape[1:] or where is None:  # none is read by address from now on
+            self._addresses = self._layouts = None
+            return
+        self._layouts[c] = layout
+        self._addresses[c] = where
 
     def load_missing(self, chunks: list[int], load: Callable[[int], PackedChunk]) -> None:
         """Read, one at a time, the chunks of ``chunks`` that nobody has yet or is reading: threads reading the
@@ -91,9 +136,13 @@ class ChunkCache:
         """(Holding the lock.) Chunk ``c`` cached, the least lately used dropped past ``limit_rows`` rows."""
         self._cache[c] = chunk
         self._cached_rows += int(self._chunk_rows[c])
+        if self._addresses is not None:
+            self._address(c, chunk.block)
         while self._cached_rows > self.limit_rows and len(self._cache) > 1:
             old, dropped = self._cache.popitem(last=False)
             self._cached_rows -= int(self._chunk_rows[old])
+            if self._addresses is not None:
+                self._addresses[old] = 0
             if self._reads_into:
                 self._retire(dropped.block.data)
 
@@ -125,3 +174,9 @@ class ChunkCache:
                 if self._retired[k].nbytes == nbytes and sys.getrefcount(self._retired[k]) <= 2:
                     return self._retired.pop(k)
         return None
+
+
+def _grown(layouts: np.ndarray, chunks: int) -> np.ndarray:
+    grown = np.zeros((chunks, *layouts.shape[1:]), np.int64)
+    grown[:layouts.shape[0]] = layouts
+    return grown

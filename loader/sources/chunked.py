@@ -24,7 +24,7 @@ from typing import Callable, NamedTuple, Protocol
 import numpy as np
 
 from ... import ops
-from ...ops.gather_columns import gather_blocks
+from ...ops.gather_columns import gather_blocks, gather_table
 from ...pipelines.own_files import is_own_file
 from ...pipelines.tabular import Column, ColumnKind, TabularFiles
 from ..errors import Skipped
@@ -148,6 +148,7 @@ class ChunkedTable:
         self._ints = [c.name for c in self.columns if c.name not in self._floats and c.name not in self._lists]
         self.picks = ColumnPicks(self._ints + self._floats)  # picks(label, dense, categorical)
         self._prepared: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._by_address = True  # whether ``gather`` tries the cached chunks by address first
         # Bytes a cached row takes (what a gather reads from): a format's own, else parsed blocks' (an int64 or
         # float64 value and a missing flag per scalar column).
         scalars = len(self._ints) + len(self._floats)
@@ -307,6 +308,21 @@ class ChunkedTable:
             rows = check_rows(rows, self.num_rows)  # (the range is checked with the grouping)
         rows = np.ascontiguousarray(rows)
         picks = self.picks(label, dense, categorical)
+        if not lists and self._by_address:
+            # A converted table's cached chunks read by address in one native call that also groups the rows
+            # (``gather_table``): no grouping arrays, chunk lists or addresses made per batch.
+            addressed = self._cache.addressed()
+            if addressed is not None:
+                held, addresses, layouts = addressed  # (``held``: every cached chunk, kept until the kernel is done)
+                touched = np.empty(addresses.shape[0], dtype=np.int64)
+                got = gather_table(rows, self.first_row, self.num_rows, addresses, layouts, picks, touched,
+                                   missing_id=missing_id, label=label_out, dense=dense_out, ids=ids_out)
+                del held
+                if got >= 0:
+                    self._cache.touch(touched[:got].tolist())
+                    return Gathered(np.zeros(rows.size, dtype=bool), {})
+                if got == -3:  # never laid out for it: not asked again
+                    self._by_address = False
 
         def put(block, here, at):
             ops.gather_columns(block, picks, here, at, missing_id=missing_id, label=label_out, dense=dense_out,

@@ -1,0 +1,117 @@
+"""A converted table's batch gathered by address in one native call (``ops.gather_table``, through
+``ChunkedTable.gather``): the same bits as the grouped gather (``group_by_chunk`` + ``gather_blocks``) and as the
+text table, chunks it lacks left to the grouped gather, and the addresses it reads only those of cached chunks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from feedline.datagen.synthetic_criteo import make_criteo
+from feedline.loader.sources import chunked, columnar, open_source
+from feedline.loader.sources.text_to_columnar import convert
+from feedline.ops import _native
+from feedline.pipelines.criteo import criteo
+from feedline.pipelines.features import MISSING_ID
+
+needs_numba = pytest.mark.skipif(_native.kernels("gather") is None, reason="numba is not installed")
+CHUNK = 256
+ROWS = 3000  # 12 chunks, the last one short
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory):
+    root = tmp_path_factory.mktemp("table")
+    make_criteo(root / "day.tsv", ROWS, seed=5)
+    patch = pytest.MonkeyPatch()
+    patch.setattr(columnar, "CHUNK_ROWS", CHUNK)
+    try:
+        convert(criteo(root / "day.tsv").source, root / "conv")
+    finally:
+        patch.undo()
+    return criteo(root / "day.tsv"), criteo(root / "conv")
+
+
+def gathered(spec, source, rows):
+    parse = spec.stages[0]
+    n = rows.size
+    label = np.full(n, 7.0, np.float32)
+    dense = np.full((len(parse.dense), n), 7.0, np.float32)
+    ids = np.full((len(parse.categorical), n), 7, np.int64)
+    got = source.gather(rows, label=parse.label, dense=parse.dense, categorical=parse.categorical,
+                        missing_id=MISSING_ID, label_out=label, dense_out=dense, ids_out=ids)
+    assert not got.bad.any() and got.bad.shape == (n,) and not got.lists
+    return label.tobytes(), dense.tobytes(), ids.tobytes()
+
+
+def counting(monkeypatch):
+    """``gather_table``'s answers, as ``ChunkedTable.gather`` gets them."""
+    answers = []
+    real = chunked.gather_table
+
+    def gather_table(*args, **kwargs):
+        answers.append(real(*args, **kwargs))
+        return answers[-1]
+
+    monkeypatch.setattr(chunked, "gather_table", gather_table)
+    return answers
+
+
+@needs_numba
+def test_a_cached_table_is_gathered_in_one_call_with_the_bits_of_the_grouped_gather(tables, monkeypatch):
+    text, conv = tables
+    source = open_source(conv.source, cache_rows=ROWS)
+    source.warm(list(range(source.chunk_rows.size)))
+    grouped = open_source(conv.source, cache_rows=ROWS)
+    grouped._by_address = False
+    reference = open_source(text.source, cache_rows=ROWS)
+    answers = counting(monkeypatch)
+
+    def no_grouping(*args, **kwargs):
+        raise AssertionError("the rows were grouped in Python")
+
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        rows = rng.permutation(ROWS)[:rng.integers(1, ROWS)]
+        expected = gathered(conv, grouped, rows)
+        assert gathered(conv, reference, rows) == expected
+        with monkeypatch.context() as m:
+            m.setattr(chunked.ops, "group_by_chunk", no_grouping)
+            assert gathered(conv, source, rows) == expected
+    assert len(answers) == 4 and all(a > 0 for a in answers)
+    # in order: the short last chunk among them, with rows from one chunk only, and no rows
+    for rows in (np.arange(ROWS - 300, ROWS), np.arange(10, 20), np.zeros(0, np.int64)):
+        assert gathered(conv, source, rows) == gathered(conv, grouped, rows)
+    assert answers[-3:] == [2, 1, 0]
+
+
+@needs_numba
+def test_chunks_not_cached_are_left_to_the_grouped_gather(tables, monkeypatch):
+    text, conv = tables
+    source = open_source(conv.source, cache_rows=1)  # room for 4 chunks; the rows below touch all 12
+    reference = open_source(text.source, cache_rows=ROWS)
+    answers = counting(monkeypatch)
+    rows = np.random.default_rng(9).permutation(ROWS)[:2500]
+    assert gathered(conv, source, rows) == gathered(conv, reference, rows)
+    assert answers == []  # (nothing cached yet: not asked)
+    assert gathered(conv, source, rows) == gathered(conv, reference, rows)
+    assert answers == [-1]
+    cached = set(source._cache)
+    held, addresses, layouts = source._cache.addressed()
+    assert len(held) == len(cached) and layouts.shape[0] == source.chunk_rows.size
+    assert {c for c in range(source.chunk_rows.size) if addresses[c, 0]} == cached  # evicted ones: zero
+    in_cache = np.concatenate([np.arange(source.first_row[c], source.first_row[c] + source.chunk_rows[c])
+                               for c in sorted(cached)])
+    rows = np.random.default_rng(10).permutation(in_cache)
+    assert gathered(conv, source, rows) == gathered(conv, reference, rows)
+    assert answers[-1] == len(cached)
+    with pytest.raises(IndexError):
+        gathered(conv, source, np.array([0, ROWS], np.int64))
+
+
+def test_a_text_table_is_not_read_by_address(tables, monkeypatch):
+    text, _ = tables
+    source = open_source(text.source, cache_rows=ROWS)
+    answers = counting(monkeypatch)
+    rows = np.arange(0, ROWS, 7)
+    gathered(text, source, rows)
+    assert source._cache.addressed() is None and answers == []
