@@ -91,10 +91,14 @@ class Dressed:
         self.views = views
         self.tensors = tensors
         self._watched = (array, *views.values(), *tensors.values())
+        # The storage's handle, asked for once (``untyped_storage()`` makes a Python object at every call, some
+        # microseconds holding the GIL per batch): it holds one use of the storage, counted by ``settle``.
+        self._storage_object = tensor.untyped_storage()
+        self._storage = self._storage_object._cdata
         self._counts = None
 
     def _now(self) -> tuple:
-        return (sys.getrefcount(self.tensor), torch._C._storage_Use_Count(self.tensor.untyped_storage()._cdata),
+        return (sys.getrefcount(self.tensor), torch._C._storage_Use_Count(self._storage),
                 *map(sys.getrefcount, self._watched))
 
     def settle(self) -> None:
