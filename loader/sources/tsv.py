@@ -182,10 +182,15 @@ def _scan(path: str, gz: bool) -> tuple[np.ndarray, ...]:
 
 
 def _pread(path: str, start: int, stop: int) -> tuple[bytes, bytes]:
-    """The byte before ``start`` (empty at 0) and the bytes ``[start, stop)`` (fewer where the file is shorter)."""
-    with open(path, "rb") as f:
-        data = os.pread(f.fileno(), stop - start + (start > 0), start - (start > 0))
-    return (data[:1], data[1:]) if start > 0 else (b"", data)
+    """The byte before ``start`` (empty at 0) and the bytes ``[start, stop)`` (fewer where the file is shorter).
+    Two reads, so the chunk's bytes are the very object ``pread`` made: one read of both sliced apart copied the
+    chunk (~1 MiB) into a fresh object, and the copy's pages were faulted in, for every chunk of every epoch."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        before = os.pread(fd, 1, start - 1) if start > 0 else b""
+        return before, os.pread(fd, stop - start, start)
+    finally:
+        os.close(fd)
 
 
 def _changed(path: str, line: int, rows: int, data: bytes, size: int) -> RowError:
