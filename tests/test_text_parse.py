@@ -398,3 +398,26 @@ def test_hex_strings_of_parquet_like_python(texts):
     for t, v, code in zip(texts, values.tolist(), status.tolist()):
         want = _integer(t, _HEX, 16, 0) if t else 0
         assert (code, v) == ((0, want) if isinstance(want, int) else (1 if want == "not" else 2, 0)), t
+
+
+@pytest.mark.parametrize("name", sorted(SYNTAXES))
+def test_int_and_hex_fields_of_every_length_with_every_byte(name):
+    """Integer and hex fields of up to 8 bytes are read with the word at their start, their end the first
+    delimiter in it (the newline for the last field): fields of every length 0-9 (an 8-digit id, a negative
+    8-byte integer, "-" alone), each byte value but the newline put at each place of them, the last field
+    an integer or an id, read as the reference reads them."""
+    syntax = SYNTAXES[name]
+    d = syntax.delimiter.encode()
+    for last in (K.INT, K.HEX):
+        cols = (Column("i", K.INT), Column("h", K.HEX), Column("r", K.INT, required=True), Column("z", last))
+        lines = [d.join([b"1", b"2", b"3", b"4"])]
+        for i, h in [(b"", b""), (b"-", b"0"), (b"-1234567", b"8d84c92e"), (b"12345678", b"0b48a8fa"),
+                     (b"123456789", b"123456789"), (b"-12345678", b"ABCDEFab"), (b"7", b"abcdefg")]:
+            for z in (b"", b"9", b"-5", b"ffffffff", b"12345678", b"0123456789"):
+                good = d.join([i, h, b"42", z])
+                lines.append(good)
+                for byte in (0x00, 0x09, 0x0D, 0x10, 0x19, 0x20, 0x22, 0x2C, 0x2D, 0x2F, 0x30, 0x39, 0x3A, 0x3B,
+                             0x40, 0x41, 0x46, 0x47, 0x50, 0x60, 0x61, 0x66, 0x67, 0x7C, 0x7F, 0x80, 0xB0, 0xFF):
+                    lines += [good[:at] + bytes([byte]) + good[at:] for at in range(len(good) + 1)]
+                lines.append(d.join([i, h, b"", z]))  # a required field empty
+        check_against_reference(lines, Layout(cols, syntax))

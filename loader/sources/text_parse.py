@@ -467,6 +467,7 @@ _U9, _U10, _U100, _U10000, _U0, _U1 = _U(9), _U(10), _U(100), _U(10000), _U(0), 
 _LOW_7 = _U(0x7F7F7F7F7F7F7F7F)
 _TO_SPACE = _U(0x6060606060606060)  # added to a byte's low 7 bits, sets its bit 7 from 0x20 on
 _TABS = _U(0x0909090909090909)
+_NEWLINES = _U(0x0A0A0A0A0A0A0A0A)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -487,7 +488,7 @@ def _not_ord(x, delimiters):
 def _digits_word(x, keep):
     """Whether every kept byte of ``x`` is an ASCII digit; their value (zero bytes below them)."""
     kept = keep & _HIGH_BITS
-    ok = (x & _HIGH_BITS) == _U0 and ((x + _BELOW_0) & ~(x + _ABOVE_9) & kept) == kept
+    ok = ((x & _HIGH_BITS) | (kept & ~((x + _BELOW_0) & ~(x + _ABOVE_9)))) == _U0
     d = x & _LOW_NIBBLES
     d = (d * _U10 + (d >> _S8)) & _LANES_8
     d = (d * _U100 + (d >> _S16)) & _LANES_16
@@ -500,8 +501,8 @@ def _hex_word(x, keep):
     """Whether every kept byte of ``x`` is an ASCII hex digit; their value."""
     kept = keep & _HIGH_BITS
     y = x | _LOWER_CASE
-    hits = ((y + _BELOW_0) & ~(y + _ABOVE_9)) | ((y + _BELOW_A) & ~(y + _ABOVE_F))
-    ok = (x & _HIGH_BITS) == _U0 and (hits & kept) == kept
+    hits = ((x + _BELOW_0) & ~(x + _ABOVE_9)) | ((y + _BELOW_A) & ~(y + _ABOVE_F))  # (y: 0x10-0x19 too)
+    ok = ((x & _HIGH_BITS) | (kept & ~hits)) == _U0
     n = (x & _LOW_NIBBLES) + ((x >> _S6) & _BYTE_ONES) * _U9
     n = (((n & _LANES_8) << _S4) | ((n >> _S8) & _LANES_8))
     n = (((n & _LANES_16) << _S8) | ((n >> _S16) & _LANES_16))
@@ -511,41 +512,68 @@ def _hex_word(x, keep):
 
 @njit(nogil=True, cache=True, inline="always")
 def _fast_line(b, words, q, row, kinds, slots, seeds, required, classes, hex_digits, quoting, crlf, list_delimiter, pow10,
-               ints, floats, missing, lists, list_counts, seps, keep, delimiters):
+               ints, floats, missing, lists, list_counts, keep, delimiters):
     """The line at b[q] (q >= 8) when every field is well formed and unquoted: its values into the blocks ->
-    the next line's start, or -1 when anything is off (the caller then parses the line carefully). The
-    separators (the bytes ``classes`` does not call ORD) are found first, eight bytes at a time (``_not_ord``;
-    ``delimiters``: the delimiter in every byte); then each field, its length known, is converted (integers of
-    up to 8 digits with one word, SWAR)."""
+    the next line's start, or -1 when anything is off (the caller then parses the line carefully). Field by
+    field: an integer or hex field of up to 8 bytes is read with the word at its start, its end the first
+    delimiter there (the newline for the last field) and its value and check with SWAR (``_digits_word``,
+    ``_hex_word``), without a branch on its length or emptiness; a byte that is not a digit (a control
+    character, a quote, a newline) fails the check, and the line is then left to the careful reader. Other
+    fields end at the first byte ``classes`` does not call ORD, found eight bytes at a time (``_not_ord``;
+    ``delimiters``: the delimiter in every byte)."""
     num_fields = kinds.size
     num_ints = ints.shape[1]
-    n = 0
-    i = q
     end = b.size
-    while n < num_fields and i <= end - 8:  # eight bytes at a time
-        hits = _not_ord(words[i], delimiters)
-        while hits and n < num_fields:
-            seps[n] = i + (np.int64(trailing_zeros(hits)) >> 3)
-            n += 1
-            hits &= hits - _U1
-        i += 8
-    if n < num_fields:
-        while n < num_fields and i < end:
-            seps[n] = i
-            n += classes[b[i]] != ORD
-            i += 1
-        if n < num_fields:
-            return -1
+    last = end - 8
     s = q
+    bad = False
     for j in range(num_fields):
-        e = seps[j]
+        kind = kinds[j]
+        if (kind == INT or kind == HEX) and s < last and not (crlf and j + 1 == num_fields):
+            # up to 8 bytes and the separator after them, without a branch on the field's length or emptiness
+            x = words[s]
+            separators = delimiters if j + 1 < num_fields else _NEWLINES
+            length = np.int64(trailing_zeros(_zero_bytes(x ^ separators))) >> 3  # 8: none among them
+            e = s + length
+            if _U(b[e]) == (separators & _U(0xFF)):
+                slot = slots[j]
+                shift = _U((64 - 8 * length) & 63)  # the field's last byte to the top (nothing when empty)
+                if kind == INT:
+                    negative = (x & _U(0xFF)) == _U(0x2D)
+                    digits = length - np.int64(negative)
+                    kept = keep[digits]
+                    ok, v = _digits_word((x << shift) & kept, kept)
+                    ok = ok & ((digits > 0) | (length == 0))
+                    v = -v if negative else v
+                else:
+                    kept = keep[length]
+                    ok, v = _hex_word((x << shift) & kept, kept)
+                empty = length == 0
+                bad |= (not ok) | (empty & required[j])
+                ints[row, slot] = v
+                missing[row, slot] = empty
+                s = e + 1
+                continue
+        i = s
+        while True:  # the field's end: eight bytes at a time while a whole word is left
+            if i > last:
+                while i < end and classes[b[i]] == ORD:
+                    i += 1
+                if i >= end:
+                    return -1
+                e = i
+                break
+            hits = _not_ord(words[i], delimiters)
+            if hits:
+                e = i + (np.int64(trailing_zeros(hits)) >> 3)
+                break
+            i += 8
         cls = classes[b[e]]
         if j + 1 < num_fields:
             if cls != DELIM:
                 return -1
         elif cls != NEWLINE and not (crlf and b[e] == 0x0D and b[e + 1] == 0x0A):
             return -1
-        kind = kinds[j]
         slot = slots[j]
         length = e - s
         if length == 0:
@@ -605,6 +633,8 @@ def _fast_line(b, words, q, row, kinds, slots, seeds, required, classes, hex_dig
                 return -1
             list_counts[slot] = count
         s = e + 1
+    if bad:
+        return -1
     return s + 1 if classes[b[s - 1]] != NEWLINE else s
 
 
@@ -700,7 +730,6 @@ def _parse(b, words, rows, kinds, slots, seeds, required, classes, hex_digits, d
     line starts at 8 or later)."""
     num_lists = list_offsets.shape[0]
     list_counts = np.zeros(max(num_lists, 1), dtype=np.int64)
-    seps = np.empty(kinds.size, dtype=np.int64)
     fallbacks = _ZERO
     end_of_data = b.size
     fast = b.size > 8
@@ -716,8 +745,7 @@ def _parse(b, words, rows, kinds, slots, seeds, required, classes, hex_digits, d
         after = -1
         if fast and q >= 8:
             after = _fast_line(b, words, q, row, kinds, slots, seeds, required, classes, hex_digits, quoting, crlf,
-                               list_delimiter, pow10, ints, floats, missing, lists, list_counts, seps, keep,
-                               delimiters)
+                               list_delimiter, pow10, ints, floats, missing, lists, list_counts, keep, delimiters)
         if after >= 0:
             q = after
             err[row] = OK
