@@ -115,3 +115,21 @@ def test_a_text_table_is_not_read_by_address(tables, monkeypatch):
     rows = np.arange(0, ROWS, 7)
     gathered(text, source, rows)
     assert source._cache.addressed() is None and answers == []
+
+
+def test_only_blocks_of_records_with_bit_flags_get_an_address():
+    """Row-major blocks with byte flags (a version-1 table's chunks) are left to the grouped gather, however many
+    are cached (on the committed code before this one, the first such block made the cache drop its addresses for
+    good)."""
+    from feedline import ops
+    from feedline.loader.sources.chunk_cache import ChunkCache, PackedChunk
+
+    cache = ChunkCache(np.full(3, 4, np.int64), 8, reads_into=True)
+
+    def row_major(c):
+        block = ops.ColumnBlock.row_major(np.arange(8, dtype=np.int64).reshape(4, 2), np.zeros((4, 2), bool))
+        return PackedChunk(block, {}, np.zeros(4, bool), {}, False)
+
+    for c in range(3):
+        cache.get(c, row_major)
+    assert cache.addressed() is None

@@ -12,7 +12,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ... import ops
-from ...ops.gather_columns import block_addresses
+from ...ops.gather_columns import BIT_FLAGS, block_addresses
 from .single_flight import SingleFlight
 
 SPARE_BUFFERS = 4  # evicted chunks' buffers kept for reading the next chunks into
@@ -43,10 +43,13 @@ class ChunkCache:
         self._cached_rows = 0
         self._lock = threading.Lock()
         self._loading = SingleFlight(self._lock)
-        # Where the cached chunks' blocks lie, by chunk number (``addressed``): their (data, flags) addresses, 0
-        # where a chunk is not cached, and their layouts (kept: a chunk's layout is the same at every read).
+        # Where the cached chunks that are buffers of row records with bit flags (a converted table's) lie, by
+        # chunk number (``addressed``): their (data, flags) addresses, 0 where a chunk is not cached or not such
+        # a block, and their layouts (kept: a chunk's layout is the same at every read). (A text table read back
+        # from its table cache is not: its chunks' column types differ from chunk to chunk.)
         self._addresses = np.zeros((chunk_rows.size, 2), np.int64) if reads_into else None
         self._layouts: np.ndarray | None = None
+        self._addressed = 0  # chunks with an address
 
     def grow(self, chunk_rows: np.ndarray, limit_rows: int) -> None:
         """The table has more chunks (an index built while read): ``chunk_rows`` extends the one given before."""
@@ -61,9 +64,9 @@ class ChunkCache:
     def addressed(self) -> tuple[list, np.ndarray, np.ndarray] | None:
         """What ``ops.gather_table`` reads the cached chunks by: (every cached chunk, which the caller holds
         while the kernel reads them; a copy of their addresses by chunk number, 0 for any other; their layouts
-        by number), taken together; None where the chunks are not buffers of row blocks read into."""
+        by number), taken together; None where no cached chunk has an address."""
         with self._lock:
-            if self._layouts is None:
+            if not self._addressed:
                 return None
             return list(self._cache.values()), self._addresses.copy(), self._layouts
 
@@ -78,19 +81,21 @@ class ChunkCache:
     def _address(self, c: int, block) -> None:
         """(Holding the lock.) Chunk ``c``'s block noted by address, where its layout is like the others'."""
         if not isinstance(block, ops.ColumnBlock):
-            self._addresses = self._layouts = None
             return
         layout = block.layout
+        if layout.ndim != 2 or layout.shape[1] != 6 or not layout.shape[0] \
+                or layout[:, 3].min() != BIT_FLAGS or layout[:, 3].max() != BIT_FLAGS:
+            return  # (row-major blocks with byte flags, as version-1 tables' chunks: found by grouping)
         if self._layouts is None:
-            if layout.ndim != 2 or layout.shape[1] != 6:
-                self._addresses = None
-                return
             self._layouts = np.zeros((self._addresses.shape[0], *layout.shape), np.int64)
+        elif layout.shape != self._layouts.shape[1:]:
+            return
         where = block_addresses(block)
-        if layout.shape != self._layouts.shape[1:] or where is None:  # none is read by address from now on
-            self._addresses = self._layouts = None
+        if where is None:  # (no native kernel)
             return
         self._layouts[c] = layout
+        if not self._addresses[c, 0]:
+            self._addressed += 1
         self._addresses[c] = where
 
     def load_missing(self, chunks: list[int], load: Callable[[int], PackedChunk]) -> None:
@@ -141,8 +146,9 @@ class ChunkCache:
         while self._cached_rows > self.limit_rows and len(self._cache) > 1:
             old, dropped = self._cache.popitem(last=False)
             self._cached_rows -= int(self._chunk_rows[old])
-            if self._addresses is not None:
+            if self._addresses is not None and self._addresses[old, 0]:
                 self._addresses[old] = 0
+                self._addressed -= 1
             if self._reads_into:
                 self._retire(dropped.block.data)
 
