@@ -119,8 +119,8 @@ def test_a_text_table_is_not_read_by_address(tables, monkeypatch):
 
 def test_only_blocks_of_records_with_bit_flags_get_an_address():
     """Row-major blocks with byte flags (a version-1 table's chunks) are left to the grouped gather, however many
-    are cached (on the committed code before this one, the first such block made the cache drop its addresses for
-    good)."""
+    are cached (at b52f860 they got addresses, and the table's first gather by address answered -3 and stopped
+    it asking for good)."""
     from feedline import ops
     from feedline.loader.sources.chunk_cache import ChunkCache, PackedChunk
 
