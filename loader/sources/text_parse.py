@@ -504,9 +504,9 @@ def _hex_word(x, keep):
     hits = ((x + _BELOW_0) & ~(x + _ABOVE_9)) | ((y + _BELOW_A) & ~(y + _ABOVE_F))  # (y: 0x10-0x19 too)
     ok = ((x & _HIGH_BITS) | (kept & ~hits)) == _U0
     n = (x & _LOW_NIBBLES) + ((x >> _S6) & _BYTE_ONES) * _U9
-    n = (((n & _LANES_8) << _S4) | ((n >> _S8) & _LANES_8))
-    n = (((n & _LANES_16) << _S8) | ((n >> _S16) & _LANES_16))
-    n = (((n & _LANES_32) << _S16) | (n >> _S32))
+    n = ((n << _S4) + (n >> _S8)) & _LANES_8  # (as _digits_word's, times 16)
+    n = ((n << _S8) + (n >> _S16)) & _LANES_16
+    n = ((n << _S16) + (n >> _S32)) & _LANES_32
     return ok, np.int64(n)
 
 
@@ -536,7 +536,7 @@ def _fast_line(b, words, q, row, kinds, slots, seeds, required, classes, hex_dig
             length = np.int64(trailing_zeros(_zero_bytes(x ^ separators))) >> 3  # 8: none among them
             e = s + length
             if _U(b[e]) == (separators & _U(0xFF)):
-                slot = slots[j]
+                slot = _U(slots[j])  # (unsigned: no wrap-around of a negative index to compute)
                 shift = _U((64 - 8 * length) & 63)  # the field's last byte to the top (nothing when empty)
                 if kind == INT:
                     negative = (x & _U(0xFF)) == _U(0x2D)
