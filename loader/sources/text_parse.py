@@ -31,8 +31,11 @@ import threading
 from typing import NamedTuple
 
 import numpy as np
+from llvmlite import ir
 from numba import njit
+from numba.core import types
 from numba.cpython.unsafe.numbers import trailing_zeros
+from numba.extending import intrinsic
 
 from ...ops._numba import fast_loading
 from ...pipelines.tabular import Column, ColumnKind
@@ -470,6 +473,17 @@ _TABS = _U(0x0909090909090909)
 _NEWLINES = _U(0x0A0A0A0A0A0A0A0A)
 
 
+@intrinsic
+def _word_at(typingctx, data, at):
+    """The 8 bytes data[at:at + 8] (uint8 array) as one little-endian word: one unaligned load, its address
+    the data's plus ``at`` (``words[at]``, a view with a stride of 1 byte, multiplies by the stride)."""
+    def codegen(context, builder, signature, args):
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        address = builder.bitcast(builder.gep(array.data, [args[1]]), ir.IntType(64).as_pointer())
+        return builder.load(address, align=1)
+    return types.uint64(data, types.int64), codegen
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _zero_bytes(x):
     """Bit 7 of each byte of ``x`` that is zero, and no other bit (exact: no carry crosses a byte)."""
@@ -531,9 +545,10 @@ def _fast_line(b, words, q, row, kinds, slots, seeds, required, classes, hex_dig
         kind = kinds[j]
         if (kind == INT or kind == HEX) and s < last and not (crlf and j + 1 == num_fields):
             # up to 8 bytes and the separator after them, without a branch on the field's length or emptiness
-            x = words[s]
+            x = _word_at(b, s)
             separators = delimiters if j + 1 < num_fields else _NEWLINES
-            length = np.int64(trailing_zeros(_zero_bytes(x ^ separators))) >> 3  # 8: none among them
+            y = x ^ separators  # (its lowest zero byte found exactly; bytes above it may be flagged too)
+            length = np.int64(trailing_zeros((y - _BYTE_ONES) & ~y & _HIGH_BITS)) >> 3  # 8: none among them
             e = s + length
             if _U(b[e]) == (separators & _U(0xFF)):
                 slot = _U(slots[j])  # (unsigned: no wrap-around of a negative index to compute)
@@ -563,7 +578,7 @@ def _fast_line(b, words, q, row, kinds, slots, seeds, required, classes, hex_dig
                     return -1
                 e = i
                 break
-            hits = _not_ord(words[i], delimiters)
+            hits = _not_ord(_word_at(b, i), delimiters)
             if hits:
                 e = i + (np.int64(trailing_zeros(hits)) >> 3)
                 break
