@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from . import latency
 from .wake_pipe import WakePipe
 
 THREAD_NAME = "feedline-batches"
@@ -126,6 +127,7 @@ class BackgroundStream:
         self._describe = describe
         self._done = False
         self._pid = os.getpid()
+        self._taker: int | None = None  # the native id of the thread taking the batches, with a short slice
         self._thread = threading.Thread(target=self._run, args=(make,), name=THREAD_NAME, daemon=True)
         _live.add(self)
         _last_at_exit()
@@ -167,6 +169,8 @@ class BackgroundStream:
                                f"was forked from it and cannot take its batches")
         if self._done:
             raise StopIteration
+        if self._taker is None:
+            self._shorten_taker()
         while True:
             try:
                 kind, payload, event = self._queue.get(timeout=_POLL_S)
@@ -186,6 +190,12 @@ class BackgroundStream:
             _hand_over(payload, event)
         return payload
 
+    def _shorten_taker(self) -> None:
+        """The thread taking the batches (the trainer's) wakes from its step onto a core a loader thread holds:
+        ask for a short slice so that it gets the core at once (see :mod:`.latency`); put back at ``close``."""
+        tid = threading.get_native_id()
+        self._taker = tid if latency.shorten(tid) else 0
+
     @property
     def ready(self) -> int:
         """Finished batches waiting to be taken."""
@@ -199,6 +209,9 @@ class BackgroundStream:
         self._done = True
         if os.getpid() != self._pid:
             return  # a forked child: the thread is the parent's
+        taker, self._taker = self._taker, 0
+        if taker:
+            latency.restore(taker)
         if not wait:
             try:
                 while True:
