@@ -12,39 +12,20 @@ import pytest
 from feedline import ops
 from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.loader.sources import chunk_cache, columnar, open_source
-from feedline.loader.sources.columnar import RecordLayout
 from feedline.loader.sources.text_to_columnar import convert
 from feedline.ops import _native
 from feedline.ops.gather_columns import BIT_FLAGS, IDS, gather_blocks
 from feedline.pipelines.criteo import criteo
 from feedline.pipelines.features import MISSING_ID
+from record_blocks import EVERY_TYPE as TYPES
+import record_blocks
 
 rng = np.random.default_rng(77)
-TYPES = [np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.int64, np.float32, np.float64] * 2
 needs_numba = pytest.mark.skipif(_native.kernels("gather") is None, reason="numba is not installed")
 
 
-def some_values(dtype, rows: int) -> np.ndarray:
-    if np.dtype(dtype).kind == "f":
-        return rng.normal(0, 1e6, rows).astype(dtype)
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max, rows, dtype=dtype, endpoint=True)
-
-
 def record_block(rows: int):
-    """A block of ``rows`` records as converted tables store a chunk (``RecordLayout``), its columns' values and
-    missing flags (the reference)."""
-    columns = [some_values(d, rows) for d in TYPES]
-    missing = [rng.random(rows) < 0.3 for _ in TYPES]
-    records = RecordLayout([np.dtype(d) for d in TYPES])
-    data = np.zeros(records.chunk_bytes(rows), dtype=np.uint8)
-    view = data[:rows * records.record].reshape(rows, records.record)
-    for j, values in enumerate(columns):
-        view[:, records.offsets[j]:records.offsets[j] + values.itemsize] = values.view(np.uint8).reshape(rows, -1)
-    flags_at = -(-rows * records.record // 8) * 8
-    bits = np.packbits(np.stack(missing, axis=1), axis=1, bitorder="little")
-    data[flags_at:flags_at + bits.size] = bits.reshape(-1)
-    return records.block(data, rows, list(range(len(TYPES)))), columns, missing
+    return record_blocks.record_block(rng, TYPES, rows)
 
 
 def outputs(n: int, ints: int):

@@ -15,6 +15,7 @@ from sklearn.utils import murmurhash3_32 as sk_murmur3
 from feedline import ops
 from feedline.ops import _native
 from feedline.ops._murmur3_words import hash_words, key_words
+import record_blocks
 
 gather_module = importlib.import_module("feedline.ops.gather_columns")
 rng = np.random.default_rng(2024)
@@ -181,10 +182,7 @@ def column_chunk(columns: list[np.ndarray], missing: list[np.ndarray]) -> ops.Co
 
 
 def some_values(dtype, rows: int) -> np.ndarray:
-    if np.dtype(dtype).kind == "f":
-        return rng.normal(0, 1e6, rows).astype(dtype)
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max, rows, dtype=dtype, endpoint=True)
+    return record_blocks.some_values(rng, dtype, rows)
 
 
 def test_gather_columns_reads_every_type_and_layout(path):
@@ -220,21 +218,9 @@ def test_gather_columns_reads_records_with_bit_flags(path):
     """Blocks of row records with bit flags (converted tables' chunks, gathered by their own kernel path): every
     type, to every target, against the values written, over several tiles, the last row of the block
     included (its flag bytes end the buffer)."""
-    from feedline.loader.sources.columnar import RecordLayout
-
     rows = 1500
-    types = [np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.int64, np.float32, np.float64] * 2
-    columns = [some_values(d, rows) for d in types]
-    missing = [rng.random(rows) < 0.3 for _ in types]
-    records = RecordLayout([np.dtype(d) for d in types])
-    data = np.zeros(records.chunk_bytes(rows), dtype=np.uint8)
-    view = data[:rows * records.record].reshape(rows, records.record)
-    for j, values in enumerate(columns):
-        view[:, records.offsets[j]:records.offsets[j] + values.itemsize] = values.view(np.uint8).reshape(rows, -1)
-    flags_at = -(-rows * records.record // 8) * 8
-    bits = np.packbits(np.stack(missing, axis=1), axis=1, bitorder="little")
-    data[flags_at:flags_at + bits.size] = bits.reshape(-1)
-    block = records.block(data, rows, list(range(len(types))))
+    types = record_blocks.EVERY_TYPE
+    block, columns, missing = record_blocks.record_block(rng, types, rows)
     ints = [j for j, d in enumerate(types) if np.dtype(d).kind != "f"]
     local = np.concatenate([rng.integers(0, rows, 1200), [rows - 1, 0]])
     positions = rng.permutation(1300)[:local.size]
