@@ -309,20 +309,11 @@ class ChunkedTable:
         rows = np.ascontiguousarray(rows)
         picks = self.picks(label, dense, categorical)
         if not lists and self._by_address:
-            # A converted table's cached chunks read by address in one native call that also groups the rows
-            # (``gather_table``): no grouping arrays, chunk lists or addresses made per batch.
-            addressed = self._cache.addressed()
-            if addressed is not None:
-                held, addresses, layouts = addressed  # (``held``: every cached chunk, kept until the kernel is done)
-                touched = np.empty(addresses.shape[0], dtype=np.int64)
-                got = gather_table(rows, self.first_row, self.num_rows, addresses, layouts, picks, touched,
-                                   missing_id=missing_id, label=label_out, dense=dense_out, ids=ids_out)
-                del held
-                if got >= 0:
-                    self._cache.touch(touched[:got].tolist())
-                    return Gathered(np.zeros(rows.size, dtype=bool), {})
-                if got == -3:  # never laid out for it: not asked again
-                    self._by_address = False
+            got = _gather_by_address(self._cache, rows, self.first_row, self.num_rows, picks, missing_id,
+                                     label_out, dense_out, ids_out)
+            if got is not None and got >= 0:
+                return Gathered(np.zeros(rows.size, dtype=bool), {})
+            self._by_address = got != -3  # -3: never laid out for it, not asked again
 
         def put(block, here, at):
             ops.gather_columns(block, picks, here, at, missing_id=missing_id, label=label_out, dense=dense_out,
@@ -480,3 +471,21 @@ def concat(parts: list):
     shifts = np.cumsum([0] + [p.offsets[-1] for p in parts[:-1]])
     offsets = np.concatenate([[0]] + [p.offsets[1:] + s for p, s in zip(parts, shifts)])
     return ListColumn(offsets.astype(np.int64), np.concatenate([p.values for p in parts]))
+
+
+def _gather_by_address(cache, rows, first_row, num_rows, picks, missing_id, label, dense, ids):
+    """A converted table's cached chunks read by address in one native call that also groups the rows
+    (``gather_table``): no grouping arrays, chunk lists or addresses made per batch. None where no chunk has an
+    address, else the kernel's answer (>= 0: done; -1 a chunk not cached, -2 rows out of range, -3 not laid out
+    for it)."""
+    addressed = cache.addressed()
+    if addressed is None:
+        return None
+    held, addresses, layouts = addressed  # (``held``: every cached chunk, kept until the kernel is done)
+    touched = np.empty(addresses.shape[0], dtype=np.int64)
+    got = gather_table(rows, first_row, num_rows, addresses, layouts, picks, touched, missing_id=missing_id,
+                       label=label, dense=dense, ids=ids)
+    del held
+    if got >= 0:
+        cache.touch(touched[:got].tolist())
+    return got
