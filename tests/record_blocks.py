@@ -31,3 +31,22 @@ def record_block(rng: np.random.Generator, types, rows: int, missing_share: floa
     bits = np.packbits(np.stack(missing, axis=1), axis=1, bitorder="little")
     data[flags_at:flags_at + bits.size] = bits.reshape(-1)
     return records.block(data, rows, list(range(len(types)))), columns, missing
+
+
+def criteo_day_in_chunks(root, rows: int, seed: int, chunk_rows: int):
+    """A Criteo day of ``rows`` as text and converted in chunks of ``chunk_rows``: the two pipelines over it."""
+    import pytest
+
+    from feedline.datagen.synthetic_criteo import make_criteo
+    from feedline.loader.sources import columnar
+    from feedline.loader.sources.text_to_columnar import convert
+    from feedline.pipelines.criteo import criteo
+
+    make_criteo(root / "day.tsv", rows, seed=seed)
+    patch = pytest.MonkeyPatch()
+    patch.setattr(columnar, "CHUNK_ROWS", chunk_rows)
+    try:
+        convert(criteo(root / "day.tsv").source, root / "conv")
+    finally:
+        patch.undo()
+    return criteo(root / "day.tsv"), criteo(root / "conv")

@@ -10,12 +10,9 @@ import numpy as np
 import pytest
 
 from feedline import ops
-from feedline.datagen.synthetic_criteo import make_criteo
-from feedline.loader.sources import chunk_cache, columnar, open_source
-from feedline.loader.sources.text_to_columnar import convert
+from feedline.loader.sources import chunk_cache, open_source
 from feedline.ops import _native
 from feedline.ops.gather_columns import BIT_FLAGS, IDS, gather_blocks
-from feedline.pipelines.criteo import criteo
 from feedline.pipelines.features import MISSING_ID
 from record_blocks import EVERY_TYPE as TYPES
 import record_blocks
@@ -119,15 +116,7 @@ CHUNK = 256
 @pytest.fixture(scope="module")
 def small_chunks(tmp_path_factory):
     """A Criteo day as text and converted in chunks of 256 rows (12 chunks, the last one short)."""
-    root = tmp_path_factory.mktemp("blocks")
-    make_criteo(root / "day.tsv", 3000, seed=11)
-    patch = pytest.MonkeyPatch()
-    patch.setattr(columnar, "CHUNK_ROWS", CHUNK)
-    try:
-        convert(criteo(root / "day.tsv").source, root / "conv")
-    finally:
-        patch.undo()
-    return criteo(root / "day.tsv"), criteo(root / "conv")
+    return record_blocks.criteo_day_in_chunks(tmp_path_factory.mktemp("blocks"), 3000, 11, CHUNK)
 
 
 def gathered(spec, source, rows):

@@ -6,12 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from feedline.datagen.synthetic_criteo import make_criteo
-from feedline.loader.sources import chunked, columnar, open_source
-from feedline.loader.sources.text_to_columnar import convert
+from feedline.loader.sources import chunked, open_source
 from feedline.ops import _native
-from feedline.pipelines.criteo import criteo
 from feedline.pipelines.features import MISSING_ID
+import record_blocks
 
 needs_numba = pytest.mark.skipif(_native.kernels("gather") is None, reason="numba is not installed")
 CHUNK = 256
@@ -20,15 +18,7 @@ ROWS = 3000  # 12 chunks, the last one short
 
 @pytest.fixture(scope="module")
 def tables(tmp_path_factory):
-    root = tmp_path_factory.mktemp("table")
-    make_criteo(root / "day.tsv", ROWS, seed=5)
-    patch = pytest.MonkeyPatch()
-    patch.setattr(columnar, "CHUNK_ROWS", CHUNK)
-    try:
-        convert(criteo(root / "day.tsv").source, root / "conv")
-    finally:
-        patch.undo()
-    return criteo(root / "day.tsv"), criteo(root / "conv")
+    return record_blocks.criteo_day_in_chunks(tmp_path_factory.mktemp("table"), ROWS, 5, CHUNK)
 
 
 def gathered(spec, source, rows):
