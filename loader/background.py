@@ -139,13 +139,14 @@ class BackgroundStream:
             if self._cuda_stream is not None:
                 torch.cuda.set_stream(self._cuda_stream)
             items = make()
+            put, stop, cuda_stream = self._queue.put, self._stop, self._cuda_stream  # (looked up once, not per batch)
             try:
                 for item in items:
                     event = None
-                    if self._cuda_stream is not None:
+                    if cuda_stream is not None:
                         event = torch.cuda.Event()
-                        event.record(self._cuda_stream)
-                    if not self._put((_ITEM, item, event)):
+                        event.record(cuda_stream)
+                    if not put((_ITEM, item, event), stop):
                         return
             finally:
                 items.close()

@@ -22,17 +22,24 @@ def complete(batch: dict | None) -> int:
 
 
 class Delivered:
-    """A runner's ``(batch, info)`` stream as ``(batch, info, valid samples)``, each batch completed."""
+    """A runner's ``(batch, info)`` stream as ``(batch, info, valid samples)``, each batch completed. Iterating it
+    runs a generator (a batch then resumes it, where a ``__next__`` method is a Python call of its own)."""
 
     def __init__(self, batches: Iterator[tuple[dict | None, Any]]):
         self._batches = batches
+        self._completed = _each_completed(batches)  # (a function's generator: no cycle through ``self``)
 
-    def __iter__(self) -> "Delivered":
-        return self
+    def __iter__(self) -> Iterator[tuple[dict | None, Any, int]]:
+        return self._completed
 
     def __next__(self) -> tuple[dict | None, Any, int]:
-        batch, info = next(self._batches)
-        return batch, info, complete(batch)
+        return next(self._completed)
 
     def close(self) -> None:
+        self._completed.close()
         self._batches.close()
+
+
+def _each_completed(batches: Iterator[tuple[dict | None, Any]]) -> Iterator[tuple[dict | None, Any, int]]:
+    for batch, info in batches:
+        yield batch, info, complete(batch)

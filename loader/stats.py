@@ -60,7 +60,7 @@ class DeliveryMeter:
 def loader_stats(loader) -> dict[str, Any]:
     """The loader's figures now: placement, threads and prefetch; delivered rate and trainer wait share over the
     last window (where the Loader records them); per-stage time per sample where measured; skips; placement
-    changes so far."""
+    changes so far; a streamed table's gathers that found a chunk not cached (``uncached_gathers``)."""
     plan = loader.plan
     meter = getattr(loader, "meter", None)
     reading = meter.reading() if isinstance(meter, DeliveryMeter) else {
@@ -69,7 +69,16 @@ def loader_stats(loader) -> dict[str, Any]:
     history = plan.get("history") or []
     return {"placement": loader.pipeline.describe_cut(loader.cut), "threads": loader.num_threads,
             "prefetch": loader.prefetch, **reading, "skipped": len(loader.skipped),
-            "placement_changes": max(len(history) - 1, 0), "stages": stages, "stages_measured_by": measured_by}
+            "placement_changes": max(len(history) - 1, 0), "stages": stages, "stages_measured_by": measured_by,
+            "uncached_gathers": _uncached_gathers(getattr(loader, "source", None))}
+
+
+def _uncached_gathers(source) -> int | None:
+    """Batches a streamed table gathered the grouped way because a chunk they needed was not cached
+    (``ChunkedTable.uncached_gathers``; summed over a mix's sources); None where no source counts them."""
+    counts = [getattr(s, "uncached_gathers", None) for s in (source, *getattr(source, "parts", ()))]
+    counts = [int(c) for c in counts if c is not None]
+    return sum(counts) if counts else None
 
 
 def _stage_times(loader, plan: dict) -> tuple[dict[str, dict], str | None]:

@@ -89,7 +89,10 @@ def hash_columns(raw, plan: HashPlan, out=None):
     (int64 [>= max(targets) + 1, B], allocated when None; rows no key targets are left as they were)."""
     if not isinstance(plan, HashPlan):
         raise TypeError(f"plan must be a HashPlan (from hash_plan), got {type(plan).__name__}")
-    xp = array_module(raw=raw) if out is None else array_module(raw=raw, out=out)
+    if type(raw) is np.ndarray and (out is None or type(out) is np.ndarray):  # (every CPU batch: no look-up)
+        xp = np
+    else:
+        xp = array_module(raw=raw) if out is None else array_module(raw=raw, out=out)
     plan.check_raw(raw, np.int64)
     rows = plan.writes
     if out is None:
@@ -99,17 +102,17 @@ def hash_columns(raw, plan: HashPlan, out=None):
         raise ValueError(f"out must be a C-contiguous int64 array of at least {rows} rows of {raw.shape[1]}, got "
                          f"{out.dtype} {out.shape}")
     raw = xp.ascontiguousarray(raw)
-    if not len(plan):
+    keys, width = plan.sources.shape
+    if not keys:
         return out
     if xp is not np:
         sources, seeds, buckets, targets = plan.on_device(xp)
-        n = len(plan) * raw.shape[1]
+        n = keys * raw.shape[1]
         launch("hash_fixed.cu", "fl_hash_columns", n,
-               (raw, np.int64(raw.shape[1]), sources, np.int32(plan.width), seeds, buckets, targets,
-                np.int64(len(plan)), out))
+               (raw, np.int64(raw.shape[1]), sources, np.int32(width), seeds, buckets, targets, np.int64(keys), out))
         return out
     native = kernels("murmur3")
-    if native is not None and plan.width == 1:
+    if native is not None and width == 1:
         native.hash_columns(raw.view(np.uint32), plan.sources.reshape(-1), plan.num_buckets, plan.seeds,
                             plan.targets, out)
     elif native is not None:

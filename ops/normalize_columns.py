@@ -85,20 +85,24 @@ def normalize_columns(raw, plan: DensePlan, out=None):
     when None; C-contiguous)."""
     if not isinstance(plan, DensePlan):
         raise TypeError(f"plan must be a DensePlan (from dense_plan), got {type(plan).__name__}")
-    xp = array_module(raw=raw) if out is None else array_module(raw=raw, out=out)
+    if type(raw) is np.ndarray and (out is None or type(out) is np.ndarray):  # (every CPU batch: no look-up)
+        xp = np
+    else:
+        xp = array_module(raw=raw) if out is None else array_module(raw=raw, out=out)
     plan.check_raw(raw, np.float32)
-    shape = (raw.shape[1], len(plan))
+    columns = plan.sources.shape[0]
+    shape = (raw.shape[1], columns)
     if out is None:
         out = xp.empty(shape, dtype=np.float32)
     elif out.dtype != np.float32 or out.shape != shape or not out.flags.c_contiguous:
         raise ValueError(f"out must be a C-contiguous float32 array of shape {shape}, got {out.dtype} {out.shape}")
     raw = xp.ascontiguousarray(raw)
-    if not len(plan) or not raw.shape[1]:
+    if not columns or not raw.shape[1]:
         return out
     if xp is not np:
         sources, fill, clip_min, flags = plan.on_device(xp)
         launch("normalize_dense.cu", "fl_normalize_columns", out.size,
-               (raw, np.int64(raw.shape[1]), sources, fill, clip_min, flags, np.int64(len(plan)), out))
+               (raw, np.int64(raw.shape[1]), sources, fill, clip_min, flags, np.int64(columns), out))
         return out
     native = kernels("normalize")
     if native is not None:

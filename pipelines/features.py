@@ -32,6 +32,17 @@ def _array(out: Mapping[str, Any] | None, name: str, shape: tuple[int, ...], dty
     return xp.empty(shape, dtype=dtype)
 
 
+def _arrays(out: Mapping[str, Any] | None, shapes: Shapes, xp) -> dict[str, Any]:
+    """The arrays of ``shapes``: the runner's preallocated ones where ``out`` has them all (a batch's usual case:
+    one look-up each, no call), else each as ``_array`` gives it."""
+    if out is not None:
+        try:
+            return {name: out[name] for name in shapes}
+        except KeyError:
+            pass
+    return {name: _array(out, name, shape, dtype, xp) for name, (shape, dtype) in shapes.items()}
+
+
 @dataclass(frozen=True)
 class FeatureStage(Stage):
     consumes: tuple[str, ...]
@@ -40,6 +51,17 @@ class FeatureStage(Stage):
 
     def shapes(self, rows: int) -> Shapes:
         """Shape and dtype of each produced array whose shape a batch of ``rows`` rows fixes."""
+        return {}
+
+    def shapes_of(self, rows: int) -> Shapes:
+        """``shapes(rows)``, made once per batch size (a batch then builds no dict of shapes; do not change it)."""
+        made = self._shapes_made.get(rows)
+        if made is None:
+            made = self._shapes_made[rows] = self.shapes(rows)
+        return made
+
+    @functools.cached_property
+    def _shapes_made(self) -> dict[int, Shapes]:
         return {}
 
     def run(self, data: Mapping[str, Any], xp, out: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -93,7 +115,7 @@ class Parse(FeatureStage):
     def read_chunk(self, source, chunk, start: int, stop: int, out: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Rows ``start..stop`` of one chunk of a streamed table (``source.load_raw``), in order, as :meth:`read`
         gives rows (list columns aside)."""
-        arrays = {name: _array(out, name, shape, dtype, np) for name, (shape, dtype) in self.shapes(stop - start).items()}
+        arrays = _arrays(out, self.shapes_of(stop - start), np)
         source.gather_chunk(chunk, start, stop, label=self.label, dense=self.dense, categorical=self.categorical,
                             missing_id=MISSING_ID, label_out=arrays.get("label"), dense_out=arrays.get("dense_raw"),
                             ids_out=arrays.get("categorical_raw"))
@@ -103,7 +125,7 @@ class Parse(FeatureStage):
         """Rows ``rows`` of ``source`` parsed, and which of them are bad. A source that gathers (a streamed
         table) writes them straight from its cached chunks into the arrays; any other goes through its
         ``read`` and :meth:`run`."""
-        arrays = {name: _array(out, name, shape, dtype, np) for name, (shape, dtype) in self.shapes(rows.size).items()}
+        arrays = _arrays(out, self.shapes_of(rows.size), np)
         if not hasattr(source, "gather"):
             read = source.read(rows)
             return self.run({"columns": read.columns}, np, arrays), read.bad
@@ -214,15 +236,19 @@ class HashColumns(FeatureStage):
                 ops.hash_plan(np.array([(a, b) for a, b, _, _ in self.crosses], dtype=np.int64).reshape(-1, 2),
                               [n for _, _, n, _ in self.crosses], [s for _, _, _, s in self.crosses], targets[c:]))
 
+    @functools.cached_property
+    def _plans(self) -> tuple[ops.HashPlan, ...]:
+        """The plans of ``hash_settings`` that have keys (made once: a batch asks none for its length)."""
+        return tuple(settings for settings in self.hash_settings if len(settings))
+
     def shapes(self, rows: int) -> Shapes:
         return {"categorical_ids": ((len(self.categorical) + len(self.crosses), rows), np.dtype(np.int64))}
 
     def run(self, data, xp, out=None) -> dict[str, Any]:
         raw = data["categorical_raw"]
         ids = _array(out, "categorical_ids", (len(self.categorical) + len(self.crosses), raw.shape[1]), np.int64, xp)
-        for settings in self.hash_settings:
-            if len(settings):
-                ops.hash_columns(raw, settings, ids)
+        for settings in self._plans:
+            ops.hash_columns(raw, settings, ids)
         return {"categorical_ids": ids}
 
 
@@ -296,10 +322,8 @@ class AssembleSparse(FeatureStage):
             return {"sparse": self._jagged(data, xp)}
         name, row = self.sources[0]
         rows = data[name].shape[1]
-        n = len(self.keys) * rows
-        values = _array(out, "sparse.values", (n,), np.int64, xp)
-        lengths = _array(out, "sparse.lengths", (n,), np.int32, xp)
-        offsets = _array(out, "sparse.offsets", (n + 1,), np.int64, xp)
+        arrays = _arrays(out, self.shapes_of(rows), xp)
+        values, lengths, offsets = arrays["sparse.values"], arrays["sparse.lengths"], arrays["sparse.offsets"]
         written = out is not None and out.get("sparse.aliased") == self.alias and data[self.alias] is out[self.alias]
         if not written:  # (the runner had the ids written into values' memory, and they were)
             by_key = values.reshape(len(self.keys), rows)
@@ -307,7 +331,9 @@ class AssembleSparse(FeatureStage):
                 by_key[k] = data[name][row]
         if not (out is not None and out.get("constant") and out.get("sparse.lengths") is lengths):
             ops.one_per_row(lengths, offsets)
-        return {"sparse": ops.Jagged(values, lengths, offsets)}
+            return {"sparse": ops.Jagged(values, lengths, offsets)}
+        # (lengths and offsets: this stage's own constants, checked when made; values: the runner's buffer for it)
+        return {"sparse": ops.Jagged.of_checked(values, lengths, offsets)}
 
     def _jagged(self, data, xp) -> ops.Jagged:
         values, lengths = [], []

@@ -82,9 +82,9 @@ def test_chunks_not_cached_are_left_to_the_grouped_gather(tables, monkeypatch):
     answers = counting(monkeypatch)
     rows = np.random.default_rng(9).permutation(ROWS)[:2500]
     assert gathered(conv, source, rows) == gathered(conv, reference, rows)
-    assert answers == []  # (nothing cached yet: not asked)
+    assert answers == [] and source.uncached_gathers == 0  # (nothing cached yet: not asked)
     assert gathered(conv, source, rows) == gathered(conv, reference, rows)
-    assert answers == [-1]
+    assert answers == [-1] and source.uncached_gathers == 1  # counted where it fell back for an uncached chunk
     cached = set(source._cache)
     held, addresses, layouts = source._cache.addressed()
     assert len(held) == len(cached) and layouts.shape[0] == source.chunk_rows.size
@@ -93,9 +93,27 @@ def test_chunks_not_cached_are_left_to_the_grouped_gather(tables, monkeypatch):
                                for c in sorted(cached)])
     rows = np.random.default_rng(10).permutation(in_cache)
     assert gathered(conv, source, rows) == gathered(conv, reference, rows)
-    assert answers[-1] == len(cached)
+    assert answers[-1] == len(cached) and source.uncached_gathers == 1
     with pytest.raises(IndexError):
         gathered(conv, source, np.array([0, ROWS], np.int64))
+    assert answers[-1] == -2 and source.uncached_gathers == 1  # (rows out of range: not a chunk missing)
+
+
+@needs_numba
+def test_the_loader_stats_count_the_gathers_that_fell_back(tables):
+    """``loader.stats()["uncached_gathers"]``: the table's count of batches gathered the grouped way because a
+    chunk was not cached; None for a source that gathers no other way."""
+    from feedline.loader import Loader
+
+    _, conv = tables
+    with Loader(conv, 256, placement="cpu", seed=3, shuffle_buffer=256, num_threads=1) as loader:
+        for _ in loader:
+            pass
+        stats = loader.stats()
+        assert stats["uncached_gathers"] == loader.source.uncached_gathers
+        assert isinstance(stats["uncached_gathers"], int) and stats["uncached_gathers"] >= 0
+        loader.source.uncached_gathers = 5
+        assert loader.stats()["uncached_gathers"] == 5
 
 
 def test_a_text_table_is_not_read_by_address(tables, monkeypatch):

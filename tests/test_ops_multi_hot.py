@@ -97,3 +97,20 @@ def test_bad_arguments():
         Jagged(np.zeros(0, np.int64), np.zeros(2, np.int32), np.zeros(1, np.int64))
     with pytest.raises(ValueError, match="inconsistent"):
         keyed_jagged([Jagged(np.zeros(0, np.int64), np.ones(1, np.int32), np.array([0, 1]))])
+
+
+def test_a_jagged_of_checked_parts_checks_its_values_and_is_a_jagged():
+    """``Jagged.of_checked`` (a batch's sparse output, lengths and offsets a stage's own constants): the same
+    ``Jagged``; values that are not 1-D int64 NumPy, or parts not NumPy, get the full checks and their errors."""
+    lengths, offsets = np.ones(3, np.int32), np.arange(4, dtype=np.int64)
+    values = np.arange(3, dtype=np.int64)
+    made = Jagged.of_checked(values, lengths, offsets)
+    assert made == Jagged(values, lengths, offsets) and made.values is values and made.num_rows == 3
+    with pytest.raises(TypeError, match="values must be a 1-D int64 array"):
+        Jagged.of_checked(values.astype(np.int32), lengths, offsets)
+    with pytest.raises(TypeError, match="values must be a 1-D int64 array"):
+        Jagged.of_checked(values.reshape(1, 3), lengths, offsets)
+    with pytest.raises(TypeError, match="lengths must be a 1-D int32 array"):
+        Jagged.of_checked(values, [1, 1, 1], offsets)
+    with pytest.raises(AttributeError):  # frozen, as a Jagged made the usual way
+        made.values = values

@@ -79,6 +79,9 @@ class BatchArrays:
 
     def layout(self, rows: int) -> tuple[BufferLayout, dict[str, tuple]]:
         """The buffer layout of a batch of ``rows``, and the fixed shapes of every array the CPU stages make."""
+        made = self._layouts.get(rows)
+        if made is not None:
+            return made
         if rows not in self._layouts:
             shapes: dict[str, tuple] = {}
             for stage in self._cpu_stages:
@@ -99,7 +102,7 @@ class BatchArrays:
         """The arrays the CPU stages write a batch into: views of ``buffer`` for what it carries (``placed``:
         those views, made already), this thread's scratch for the rest, and, where the sparse values are in the
         buffer and one input is all of them, that input as a view of them."""
-        layout, shapes = self.layout(rows)
+        layout, shapes = self._layouts.get(rows) or self.layout(rows)
         scratch = self._scratch.__dict__
         # What is the same for every batch of this size on this thread (made once): the shared outputs and this
         # thread's scratch arrays for what the buffer does not carry.
@@ -126,7 +129,8 @@ class BatchArrays:
         arrays.update(placed)
         alias = self._alias
         if alias is not None and alias in arrays and "sparse.values" in placed:
-            arrays[alias] = placed["sparse.values"].reshape(arrays[alias].shape)
+            if alias not in placed:  # (a dressed buffer's views hold it already, made once: ``_dress``)
+                arrays[alias] = placed["sparse.values"].reshape(arrays[alias].shape)
             arrays["sparse.aliased"] = alias  # what AssembleSparse then finds written already
         return arrays
 
@@ -135,13 +139,19 @@ class BatchArrays:
         tensors a batch in it is delivered as, both made once per buffer (a batch then costs no view and no
         tensor made anew); and a dict of the views (what ``arrays`` takes as ``placed``), which keeps the buffer
         taken while held (``BufferRing.dressed``)."""
-        layout, _ = self.layout(rows)
+        layout, _ = self._layouts.get(rows) or self.layout(rows)
         return self._ring.dressed((layout.nbytes,), torch.uint8, lambda tensor: self._dress(rows, tensor))
 
     def _dress(self, rows: int, tensor: torch.Tensor) -> Dressed:
-        layout, _ = self.layout(rows)
+        """The buffer's views and tensors; with them, where the sparse values are in the buffer and one input is
+        all of them (``alias``), that input as a view of them (what ``arrays`` would make at every batch)."""
+        layout, shapes = self.layout(rows)
         array = tensor.numpy()
-        return Dressed(tensor, array, layout.views(array), layout.torch_views(tensor))
+        views = layout.views(array)
+        alias = self._alias
+        if alias is not None and alias in shapes and "sparse.values" in views and alias not in views:
+            views[alias] = views["sparse.values"].reshape(shapes[alias][0])
+        return Dressed(tensor, array, views, layout.torch_views(tensor))
 
     def delivered(self, moving: dict[str, Any], dressed: Dressed, rows: int) -> dict[str, Any]:
         """The batch of ``moving`` (arrays and dicts of arrays, by output name) as torch tensors: the dressed
@@ -149,13 +159,16 @@ class BatchArrays:
         tensor sharing the memory of anything else."""
         own = dressed.views
         tensors = dressed.tensors
-        shared = self.constant_tensors(rows)
+        shared = self._constant_tensors.get(rows) or self.constant_tensors(rows)
         out: dict[str, Any] = {}
-        for name, value in moving.items():
+        for name, value in moving.items():  # (the buffer's own views, the usual case, looked up here: no call)
             if type(value) is dict:
-                out[name] = {key: _tensor_of(f"{name}.{key}", v, own, tensors, shared) for key, v in value.items()}
+                group = out[name] = {}
+                for key, v in value.items():
+                    full = f"{name}.{key}"
+                    group[key] = tensors[full] if own.get(full) is v else _tensor_of(full, v, own, tensors, shared)
             else:
-                out[name] = _tensor_of(name, value, own, tensors, shared)
+                out[name] = tensors[name] if own.get(name) is value else _tensor_of(name, value, own, tensors, shared)
         return out
 
     def constant_tensors(self, rows: int) -> dict[str, tuple[np.ndarray, torch.Tensor]]:

@@ -149,6 +149,7 @@ class ChunkedTable:
         self.picks = ColumnPicks(self._ints + self._floats)  # picks(label, dense, categorical)
         self._prepared: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self._by_address = True  # whether ``gather`` tries the cached chunks by address first
+        self.uncached_gathers = 0  # gathers by address that fell back to grouping: a chunk was not cached (-1)
         # Bytes a cached row takes (what a gather reads from): a format's own, else parsed blocks' (an int64 or
         # float64 value and a missing flag per scalar column).
         scalars = len(self._ints) + len(self._floats)
@@ -312,7 +313,8 @@ class ChunkedTable:
             got = _gather_by_address(self._cache, rows, self.first_row, self.num_rows, picks, missing_id,
                                      label_out, dense_out, ids_out)
             if got is not None and got >= 0:
-                return Gathered(np.zeros(rows.size, dtype=bool), {})
+                return Gathered(_no_bad_rows(rows.size), {})
+            self.uncached_gathers += got == -1  # (a figure: an increment lost to a race costs nothing)
             self._by_address = got != -3  # -3: never laid out for it, not asked again
 
         def put(block, here, at):
@@ -471,6 +473,19 @@ def concat(parts: list):
     shifts = np.cumsum([0] + [p.offsets[-1] for p in parts[:-1]])
     offsets = np.concatenate([[0]] + [p.offsets[1:] + s for p, s in zip(parts, shifts)])
     return ListColumn(offsets.astype(np.int64), np.concatenate([p.values for p in parts]))
+
+
+_NO_BAD: dict[int, np.ndarray] = {}
+
+
+def _no_bad_rows(n: int) -> np.ndarray:
+    """``n`` False (no bad row), one read-only array per size shared by every batch (no array made per batch)."""
+    bad = _NO_BAD.get(n)
+    if bad is None:
+        bad = np.zeros(n, dtype=bool)
+        bad.flags.writeable = False
+        bad = _NO_BAD.setdefault(n, bad)
+    return bad
 
 
 def _gather_by_address(cache, rows, first_row, num_rows, picks, missing_id, label, dense, ids):
