@@ -8,7 +8,11 @@ steps. A thread with a custom slice shorter than the running one's preempts it o
 the trainer then gets its core at once, while its share of the CPU (its weight, its nice) is unchanged, so it
 takes nothing from other processes. The slice is a latency hint (sched_setattr's ``sched_runtime`` for a normal
 thread, no privilege needed); a kernel without custom slices ignores it, other systems are not asked.
-The thread's own slice is put back when the stream that set it closes."""
+The thread's own slice is put back when the stream that set it closes.
+
+``FEEDLINE_TRAINER_SLICE``: unset or ``1`` asks for the short slice, ``0`` leaves the trainer's thread as it is; any
+other value is a ``ValueError`` when a stream would ask (``off``, ``no``, ``false``... are refused rather than read
+as either)."""
 from __future__ import annotations
 
 import ctypes
@@ -18,7 +22,8 @@ import sys
 import threading
 
 SLICE_NS = 100_000  # the shortest the kernel takes
-_ENV = "FEEDLINE_TRAINER_SLICE"  # "0": leave the trainer's thread as it is
+_ENV = "FEEDLINE_TRAINER_SLICE"
+_SWITCH = {"1": True, "0": False}  # unset: "1"
 _SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275)}  # (sched_setattr, sched_getattr)
 _ATTR_SIZE = 48  # SCHED_ATTR_SIZE_VER0
 
@@ -43,8 +48,19 @@ _lock = threading.Lock()
 _held: dict[int, list] = {}  # thread id -> [its own slice, holders]
 
 
+def asked() -> bool:
+    """Whether ``FEEDLINE_TRAINER_SLICE`` asks for the short slice: unset or ``"1"`` yes, ``"0"`` no; any other
+    value is a ``ValueError`` naming the variable, the value and what it takes."""
+    value = os.environ.get(_ENV, "1")
+    if value not in _SWITCH:
+        raise ValueError(f"{_ENV} must be '1' (the trainer's thread gets a short scheduler slice, the default when "
+                         f"unset) or '0' (leave it as it is), got {value!r}")
+    return _SWITCH[value]
+
+
 def enabled() -> bool:
-    return _call is not None and os.environ.get(_ENV, "1") != "0"
+    """Whether a stream asks for the short slice: asked for (:func:`asked`) and possible here."""
+    return asked() and _call is not None
 
 
 def _get(tid: int) -> _Attr | None:

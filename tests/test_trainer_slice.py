@@ -1,6 +1,7 @@
 """The thread taking a BackgroundStream's batches (the trainer's) holds a short scheduler slice while the stream
 is open, so that it wakes from its step onto a core without waiting for a loader thread's slice to end; its own
 slice comes back when the stream closes. Where the kernel cannot say a thread's slice, the test is skipped."""
+import re
 import threading
 
 import pytest
@@ -47,6 +48,28 @@ def test_switched_off_by_the_environment(monkeypatch):
     next(stream)
     assert latency.slice_ns(tid) == before
     stream.close()
+
+
+@pytest.mark.parametrize("value", ["off", "false", "", " 0", "2", "on"])
+def test_an_unknown_switch_value_is_refused_by_name(monkeypatch, value):
+    # (the old code read every value but "0" as on, so "off" switched the slice on)
+    monkeypatch.setenv("FEEDLINE_TRAINER_SLICE", value)
+    with pytest.raises(ValueError, match=r"FEEDLINE_TRAINER_SLICE must be '1' .* or '0' .*, got " + re.escape(repr(value))):
+        latency.enabled()
+    stream = BackgroundStream(lambda: (i for i in range(3)), 1)
+    try:
+        with pytest.raises(ValueError, match="FEEDLINE_TRAINER_SLICE"):
+            next(stream)  # the trainer's first next() asks for the slice
+    finally:
+        stream.close()
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("0", False)])
+def test_the_switch_values(monkeypatch, value, on):
+    monkeypatch.setenv("FEEDLINE_TRAINER_SLICE", value)
+    assert latency.asked() is on
+    monkeypatch.delenv("FEEDLINE_TRAINER_SLICE")
+    assert latency.asked() is True
 
 
 def test_exact_sleeps_puts_the_timer_slack_back():
