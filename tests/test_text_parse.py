@@ -363,8 +363,8 @@ def test_chunk_shorter_than_its_rows_and_empty_lines():
 
 def test_short_chunks_need_no_second_signature_of_the_kernel():
     """Data of 8 bytes or fewer (a file's short last line; the over-long-line path's ``b"\\n"``) is parsed as the
-    reference parses it, with the kernel's one signature: a view of its 8-byte words would be C-contiguous (empty
-    or one word), a second overload for numba to compile or load."""
+    reference parses it, with the kernel's one signature (a view of the data's 8-byte words, which the kernel
+    once took, was C-contiguous there, a second overload for numba to compile or load)."""
     from feedline.loader.sources.text_parse import _parse
 
     layout = Layout((Column("a", K.INT), Column("h", K.HEX)))
@@ -402,8 +402,8 @@ def test_hex_strings_of_parquet_like_python(texts):
 
 @pytest.mark.parametrize("name", sorted(SYNTAXES))
 def test_int_and_hex_fields_of_every_length_with_every_byte(name):
-    """Integer and hex fields of up to 8 bytes are read with the word at their start, their end the first
-    delimiter in it (the newline for the last field): fields of every length 0-9 (an 8-digit id, a negative
+    """Integer and hex fields of up to 8 bytes are read with the 8 bytes before their end (the first delimiter
+    or, for the last field, the newline after them): fields of every length 0-9 (an 8-digit id, a negative
     8-byte integer, "-" alone), each byte value but the newline put at each place of them, the last field
     an integer or an id, read as the reference reads them."""
     syntax = SYNTAXES[name]
@@ -421,3 +421,43 @@ def test_int_and_hex_fields_of_every_length_with_every_byte(name):
                     lines += [good[:at] + bytes([byte]) + good[at:] for at in range(len(good) + 1)]
                 lines.append(d.join([i, h, b"", z]))  # a required field empty
         check_against_reference(lines, Layout(cols, syntax))
+
+
+@pytest.mark.parametrize("name", sorted(SYNTAXES))
+def test_fields_ending_at_every_place_of_a_64_byte_block(name):
+    """The fast reader takes a line's field ends from masks of 64 bytes at a time (the data's blocks from its
+    start; its last bytes one by one): a string of every length 0-140 before an integer, an id and a float, so
+    that their ends fall at every place of a block, on either side of a block's edge and past a block with no
+    end at all; a wrong byte (control character, quote, delimiter of another syntax, letter) put around them;
+    a Windows line ending where the syntax takes one. Each line also comes last in a chunk of its own, with
+    and without its newline (its ends among the data's last bytes); and lines of 4-20 KB, longer than the
+    blocks the reader computes ahead of a line."""
+    syntax = SYNTAXES[name]
+    d = syntax.delimiter.encode()
+    layout = Layout((Column("s", K.STRING), Column("i", K.INT), Column("h", K.HEX), Column("f", K.FLOAT)), syntax)
+    first = d.join([b"first", b"1", b"2", b"3"])  # so that the lines below start past the chunk's first word
+    lines = [first]
+    for n in range(141):
+        good = d.join([bytes(0x61 + k % 26 for k in range(n)), b"-42", b"8d84c92e", b"1.5"])
+        variants = [good, good + b"\r", good[:n + 1] + good[n + 4:]]  # (an empty integer)
+        for at in (n - 1, n, n + 1, n + 3, n + 4, n + 5, n + 12, n + 13, n + 14, len(good)):
+            variants += [good[:at] + bytes([byte]) + good[at:] for byte in (0x00, 0x09, 0x0D, 0x20, 0x22, 0x2C,
+                                                                             0x3B, 0x67) if at >= 0]
+        lines += variants
+        for line in (good, variants[-1]):
+            for final_newline in (True, False):
+                check_against_reference([first, line], layout, final_newline)
+    check_against_reference(lines, layout)
+    long_lines = [d.join([bytes(0x61 + k % 26 for k in range(n)), b"7", b"ab", b"2"]) for n in (4000, 9000, 20000)]
+    check_against_reference([first] + long_lines + lines[:100] + long_lines, layout)
+
+
+def test_lines_shorter_than_a_word():
+    """Lines of 1-7 bytes one after the other: the fast reader reads the 8 bytes before a field's end, here
+    bytes of the lines before, which it must ignore."""
+    for syntax in (TSV, CSV):
+        d = syntax.delimiter.encode()
+        layout = Layout((Column("i", K.INT), Column("h", K.HEX)), syntax)
+        lines = [d.join([i, h]) for i in (b"", b"1", b"-", b"-7", b"123") for h in (b"", b"a", b"fF", b"g")]
+        check_against_reference(lines * 3, layout)
+        check_against_reference(lines * 3, layout, final_newline=False)

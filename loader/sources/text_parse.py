@@ -467,35 +467,18 @@ _BELOW_A, _ABOVE_F = _U((0x80 - 0x61) * 0x0101010101010101), _U((0x7F - 0x66) * 
 _KEEP = np.array([((1 << 64) - 1) ^ ((1 << (8 * (8 - n))) - 1) for n in range(9)], dtype=np.uint64)
 _S4, _S6, _S8, _S16, _S32 = _U(4), _U(6), _U(8), _U(16), _U(32)
 _U9, _U10, _U100, _U10000, _U0, _U1 = _U(9), _U(10), _U(100), _U(10000), _U(0), _U(1)
-_LOW_7 = _U(0x7F7F7F7F7F7F7F7F)
-_TO_SPACE = _U(0x6060606060606060)  # added to a byte's low 7 bits, sets its bit 7 from 0x20 on
-_TABS = _U(0x0909090909090909)
-_NEWLINES = _U(0x0A0A0A0A0A0A0A0A)
+_ALL = _U(0xFFFFFFFFFFFFFFFF)
 
 
 @intrinsic
 def _word_at(typingctx, data, at):
     """The 8 bytes data[at:at + 8] (uint8 array) as one little-endian word: one unaligned load, its address
-    the data's plus ``at`` (``words[at]``, a view with a stride of 1 byte, multiplies by the stride)."""
+    the data's plus ``at``."""
     def codegen(context, builder, signature, args):
         array = context.make_array(signature.args[0])(context, builder, args[0])
         address = builder.bitcast(builder.gep(array.data, [args[1]]), ir.IntType(64).as_pointer())
         return builder.load(address, align=1)
     return types.uint64(data, types.int64), codegen
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _zero_bytes(x):
-    """Bit 7 of each byte of ``x`` that is zero, and no other bit (exact: no carry crosses a byte)."""
-    return ~(((x & _LOW_7) + _LOW_7) | x) & _HIGH_BITS
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _not_ord(x, delimiters):
-    """Bit 7 of each byte of ``x`` that a layout's ``classes`` does not call ORD: a byte below 0x20 other than a
-    tab (a control character or the newline), or the delimiter (``delimiters``: it in every byte)."""
-    below_space = ~(((x & _LOW_7) + _TO_SPACE) | x) & _HIGH_BITS
-    return (below_space & ~_zero_bytes(x ^ _TABS)) | _zero_bytes(x ^ delimiters)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -524,133 +507,66 @@ def _hex_word(x, keep):
     return ok, np.int64(n)
 
 
+@intrinsic
+def _ends_at(typingctx, data, at, delimiter):
+    """Bit k set where data[at + k] (k < 64) is a byte that ends a field, one a layout's ``classes`` does not
+    call ORD: the delimiter, or a byte below 0x20 other than a tab (the newline, a control character). One
+    vector load and compare (data[at:at + 64] must be in the array)."""
+    def codegen(context, builder, signature, args):
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        lanes, i32 = ir.VectorType(ir.IntType(8), 64), ir.IntType(32)
+        v = builder.load(builder.bitcast(builder.gep(array.data, [args[1]]), lanes.as_pointer()), align=1)
+        d = context.cast(builder, args[2], signature.args[2], types.uint8)
+        undefined = ir.Constant(lanes, ir.Undefined)
+        d = builder.shuffle_vector(builder.insert_element(undefined, d, ir.Constant(i32, 0)), undefined,
+                                   ir.Constant(ir.VectorType(i32, 64), [0] * 64))  # in every lane
+        below_space = builder.icmp_unsigned("<", v, ir.Constant(lanes, [0x20] * 64))
+        not_tab = builder.icmp_unsigned("!=", v, ir.Constant(lanes, [0x09] * 64))
+        hits = builder.or_(builder.and_(below_space, not_tab), builder.icmp_unsigned("==", v, d))
+        return builder.bitcast(hits, ir.IntType(64))
+    return types.uint64(data, types.int64, delimiter), codegen
+
+
+@njit(nogil=True, cache=True)
+def _last_ends(b, at, classes):
+    """``_ends_at`` of the data's last bytes, fewer than 64 (no bit past the end)."""
+    hits = _U0
+    for k in range(b.size - at):
+        if classes[b[at + k]] != ORD:
+            hits |= _U1 << _U(k)
+    return hits
+
+
+# The field ends of the 64-byte blocks ahead: block i (b[64 i:64 i + 64]) at ends[i & _RING]. Before each line
+# the reader has at least _AHEAD / 2 blocks from the line's start on there, computed _AHEAD / 2 or more at a
+# time (and more within a longer line).
+_RING, _AHEAD = 255, 128
+
+
+@njit(nogil=True, cache=True)
+def _ends_ahead(b, ends, start, stop, delimiter, classes):
+    """Blocks ``start`` to ``stop`` into ``ends`` (those past the data's end: no bit) -> ``stop``."""
+    whole = b.size >> 6
+    for i in range(start, stop):
+        if i < whole:
+            hits = _ends_at(b, i << 6, delimiter)
+        elif i << 6 < b.size:
+            hits = _last_ends(b, i << 6, classes)
+        else:
+            hits = _U0
+        ends[i & _RING] = hits
+    return stop
+
+
 @njit(nogil=True, cache=True, inline="always")
-def _fast_line(b, words, q, row, kinds, slots, seeds, required, classes, hex_digits, quoting, crlf, list_delimiter, pow10,
-               ints, floats, missing, lists, list_counts, keep, delimiters):
-    """The line at b[q] (q >= 8) when every field is well formed and unquoted: its values into the blocks ->
-    the next line's start, or -1 when anything is off (the caller then parses the line carefully). Field by
-    field: an integer or hex field of up to 8 bytes is read with the word at its start, its end the first
-    delimiter there (the newline for the last field) and its value and check with SWAR (``_digits_word``,
-    ``_hex_word``), without a branch on its length or emptiness; a byte that is not a digit (a control
-    character, a quote, a newline) fails the check, and the line is then left to the careful reader. Other
-    fields end at the first byte ``classes`` does not call ORD, found eight bytes at a time (``_not_ord``;
-    ``delimiters``: the delimiter in every byte)."""
-    num_fields = kinds.size
-    num_ints = ints.shape[1]
-    end = b.size
-    last = end - 8
-    s = q
-    bad = False
-    for j in range(num_fields):
-        kind = kinds[j]
-        if (kind == INT or kind == HEX) and s < last and not (crlf and j + 1 == num_fields):
-            # up to 8 bytes and the separator after them, without a branch on the field's length or emptiness
-            x = _word_at(b, s)
-            separators = delimiters if j + 1 < num_fields else _NEWLINES
-            y = x ^ separators  # (its lowest zero byte found exactly; bytes above it may be flagged too)
-            length = np.int64(trailing_zeros((y - _BYTE_ONES) & ~y & _HIGH_BITS)) >> 3  # 8: none among them
-            e = s + length
-            if _U(b[e]) == (separators & _U(0xFF)):
-                slot = _U(slots[j])  # (unsigned: no wrap-around of a negative index to compute)
-                shift = _U((64 - 8 * length) & 63)  # the field's last byte to the top (nothing when empty)
-                if kind == INT:
-                    negative = (x & _U(0xFF)) == _U(0x2D)
-                    digits = length - np.int64(negative)
-                    kept = keep[digits]
-                    ok, v = _digits_word((x << shift) & kept, kept)
-                    ok = ok & ((digits > 0) | (length == 0))
-                    v = -v if negative else v
-                else:
-                    kept = keep[length]
-                    ok, v = _hex_word((x << shift) & kept, kept)
-                empty = length == 0
-                bad |= (not ok) | (empty & required[j])
-                ints[row, slot] = v
-                missing[row, slot] = empty
-                s = e + 1
-                continue
-        i = s
-        while True:  # the field's end: eight bytes at a time while a whole word is left
-            if i > last:
-                while i < end and classes[b[i]] == ORD:
-                    i += 1
-                if i >= end:
-                    return -1
-                e = i
-                break
-            hits = _not_ord(_word_at(b, i), delimiters)
-            if hits:
-                e = i + (np.int64(trailing_zeros(hits)) >> 3)
-                break
-            i += 8
-        cls = classes[b[e]]
-        if j + 1 < num_fields:
-            if cls != DELIM:
-                return -1
-        elif cls != NEWLINE and not (crlf and b[e] == 0x0D and b[e + 1] == 0x0A):
-            return -1
-        slot = slots[j]
-        length = e - s
-        if length == 0:
-            if required[j]:
-                return -1
-            if kind == INT or kind == HEX or kind == STRING:
-                ints[row, slot] = 0
-                missing[row, slot] = True
-            elif kind == FLOAT:
-                floats[row, slot] = 0.0
-                missing[row, num_ints + slot] = True
-        elif quoting and b[s] == _QUOTE:
-            return -1
-        elif kind == INT:
-            negative = b[s] == 0x2D
-            digits = length - 1 if negative else length
-            if digits == 0:
-                return -1
-            if digits <= 8:
-                ok, v = _digits_word(words[e - 8] & keep[digits], keep[digits])
-            elif digits <= 16:
-                ok, low = _digits_word(words[e - 8], keep[8])
-                ok2, high = _digits_word(words[e - 16] & keep[digits - 8], keep[digits - 8])
-                ok = ok and ok2
-                v = high * 100000000 + low
-            else:
-                end_, v, status = _decimal(b, s, classes, -1)
-                ok = status == OK and end_ == e
-                if negative:
-                    v = -v  # undone below
-            if not ok:
-                return -1
-            ints[row, slot] = -v if negative else v
-            missing[row, slot] = False
-        elif kind == HEX:
-            if length <= 8:
-                ok, v = _hex_word(words[e - 8] & keep[length], keep[length])
-            else:
-                end_, v, status = _hex(b, s, classes, hex_digits)
-                ok = status == OK and end_ == e
-            if not ok:
-                return -1
-            ints[row, slot] = v
-            missing[row, slot] = False
-        elif kind == STRING:
-            ints[row, slot] = _string_key(_murmur3(b, s, length, seeds[j]), seeds[j])
-            missing[row, slot] = False
-        elif kind == FLOAT:
-            end_, f, status = _float(b, s, classes, pow10)
-            if status != OK or end_ != e:
-                return -1
-            floats[row, slot] = f
-            missing[row, num_ints + slot] = False
-        elif kind == LIST:
-            end_, count, status = _list(b, s, classes, list_delimiter, lists[slot], list_counts[slot])
-            if status != OK or end_ != e:
-                return -1
-            list_counts[slot] = count
-        s = e + 1
-    if bad:
-        return -1
-    return s + 1 if classes[b[s - 1]] != NEWLINE else s
+def _empty(kind, row, slot, ints, floats, missing):
+    """An empty field's value (0) and missing flag into its block."""
+    if kind == INT or kind == HEX or kind == STRING:
+        ints[row, slot] = 0
+        missing[row, slot] = True
+    elif kind == FLOAT:
+        floats[row, slot] = 0.0
+        missing[row, ints.shape[1] + slot] = True
 
 
 @njit(nogil=True, cache=True)
@@ -685,12 +601,7 @@ def _careful_line(b, q, row, kinds, slots, seeds, required, classes, hex_digits,
             if kind != SKIP and kind != LIST:
                 missing[row, slot if kind != FLOAT else num_ints + slot] = False
         if field_status == EMPTY:
-            if kind == INT or kind == HEX or kind == STRING:
-                ints[row, slot] = 0
-                missing[row, slot] = True
-            elif kind == FLOAT:
-                floats[row, slot] = 0.0
-                missing[row, num_ints + slot] = True
+            _empty(kind, row, slot, ints, floats, missing)
             field_status = EMPTY if required[j] else OK
         elif field_status == FALLBACK:
             fallback[fallbacks, 0] = row
@@ -734,21 +645,31 @@ def _careful_line(b, q, row, kinds, slots, seeds, required, classes, hex_digits,
 
 
 @njit(nogil=True, cache=True)
-def _parse(b, words, rows, kinds, slots, seeds, required, classes, hex_digits, delimiter, quoting, crlf,
+def _parse(b, rows, kinds, slots, seeds, required, classes, hex_digits, delimiter, quoting, crlf,
            list_delimiter, pow10, ints, floats, missing, list_offsets, lists, err, err_field, err_start, err_end,
            fallback, scratch, unquoted, keep):
     """Every line into the blocks; per row ``err`` (a status code), the field at fault and a span (a field's
     bytes, a control character's position, or the field count in ``err_start``). ``fallback``: [k, 0..5] =
     row, field, slot, start, end, quoted, for the floats left to Python; returns how many, and where the last
-    line read ends (every line read ends just past its first newline). ``words``: the
-    8-byte words of ``b`` at every offset (when ``b`` is 8 bytes or shorter, two words that are never read: no
-    line starts at 8 or later)."""
+    line read ends (every line read ends just past its first newline).
+
+    A line from the 8th byte on is first read fast, for when every field is well formed and unquoted; when
+    anything is off, ``_careful_line`` reads it again. The fields' ends are the bits of ``ends`` (64-byte
+    blocks, those up to ``ready`` computed), taken lowest first, the next block's without a branch when a
+    block's are used up: a field's end comes from the last one's with a few bit operations, not from a search
+    through its bytes, so that the fields' conversions do not wait on each other. An integer or hex field of
+    up to 8 bytes is then read with the word ending at its end and its value and check with SWAR
+    (``_digits_word``, ``_hex_word``), without a branch on its length or emptiness; a byte that is not a digit
+    (a quote) fails the check. (This is written out here, not as a function numba inlines: an inlined
+    function takes a reference to each array it is given, atomic increments and decrements on every line.)"""
+    num_fields = kinds.size
+    num_ints = ints.shape[1]
     num_lists = list_offsets.shape[0]
     list_counts = np.zeros(max(num_lists, 1), dtype=np.int64)
+    ends = np.empty(_RING + 1, dtype=np.uint64)
+    ready = _ZERO  # blocks of ``ends`` computed (those from ready - _RING - 1 on are there)
     fallbacks = _ZERO
     end_of_data = b.size
-    fast = b.size > 8
-    delimiters = _U(delimiter) * _BYTE_ONES
     q = _ZERO
     for row in range(rows):
         if q >= end_of_data:
@@ -757,12 +678,127 @@ def _parse(b, words, rows, kinds, slots, seeds, required, classes, hex_digits, d
             for k in range(num_lists):
                 list_offsets[k, row + 1] = list_counts[k]
             continue
-        after = -1
-        if fast and q >= 8:
-            after = _fast_line(b, words, q, row, kinds, slots, seeds, required, classes, hex_digits, quoting, crlf,
-                               list_delimiter, pow10, ints, floats, missing, lists, list_counts, keep, delimiters)
-        if after >= 0:
-            q = after
+        good = q >= 8
+        s = q
+        if good:
+            block = q >> 6
+            if ready - block < _AHEAD // 2:
+                ready = _ends_ahead(b, ends, max(ready, block), block + _AHEAD, delimiter, classes)
+            hits = ends[block & _RING] & (_ALL << _U(q & 63))
+            bad = False
+            for j in range(num_fields):
+                used_up = hits == _U0
+                block += np.int64(used_up)
+                hits |= ends[block & _RING] & (_U0 - _U(used_up))  # (no branch)
+                while (hits == _U0) | (block >= ready):  # a block with no end, or past those computed
+                    if (hits == _U0) & (block < ready):
+                        block += 1
+                    if block >= ready:
+                        if block << 6 >= end_of_data:
+                            break
+                        ready = _ends_ahead(b, ends, ready, block + _AHEAD, delimiter, classes)
+                    hits = ends[block & _RING]
+                if block >= ready:  # past the data's end
+                    good = False
+                    break
+                e = (block << 6) + np.int64(trailing_zeros(hits))
+                hits &= hits - _U1
+                kind = kinds[j]
+                length = e - s
+                if (kind == INT or kind == HEX) and length <= 8:
+                    x = _word_at(b, e - 8)  # the field in its top bytes
+                    slot = _U(slots[j])  # (unsigned: no wrap-around of a negative index to compute)
+                    if kind == INT:
+                        negative = b[s] == 0x2D  # (the delimiter when the field is empty)
+                        digits = length - np.int64(negative)
+                        kept = keep[digits]
+                        ok, v = _digits_word(x & kept, kept)
+                        ok = ok & ((digits > 0) | (length == 0))
+                        v = -v if negative else v
+                    else:
+                        kept = keep[length]
+                        ok, v = _hex_word(x & kept, kept)
+                    empty = length == 0
+                    bad |= (not ok) | (empty & required[j])
+                    ints[row, slot] = v
+                    missing[row, slot] = empty
+                    s = e + 1
+                    if j + 1 < num_fields:
+                        if b[e] != delimiter:
+                            good = False
+                            break
+                    elif b[e] != 0x0A and not (crlf and b[e] == 0x0D and b[e + 1] == 0x0A):
+                        good = False
+                        break
+                    continue
+                # any other kind (a float, a string, a list, a field not read, an integer or id over 8 bytes)
+                cls = classes[b[e]]
+                if j + 1 < num_fields:
+                    if cls != DELIM:
+                        good = False
+                        break
+                elif cls != NEWLINE and not (crlf and b[e] == 0x0D and b[e + 1] == 0x0A):
+                    good = False
+                    break
+                slot = slots[j]
+                if length == 0:
+                    if required[j]:
+                        good = False
+                        break
+                    _empty(kind, row, slot, ints, floats, missing)
+                elif quoting and b[s] == _QUOTE:
+                    good = False
+                    break
+                elif kind == INT:
+                    negative = b[s] == 0x2D
+                    digits = length - 1 if negative else length
+                    if digits == 0:
+                        good = False
+                        break
+                    if digits <= 8:
+                        ok, v = _digits_word(_word_at(b, e - 8) & keep[digits], keep[digits])
+                    elif digits <= 16:
+                        ok, low = _digits_word(_word_at(b, e - 8), keep[8])
+                        ok2, high = _digits_word(_word_at(b, e - 16) & keep[digits - 8], keep[digits - 8])
+                        ok = ok and ok2
+                        v = high * 100000000 + low
+                    else:
+                        end_, v, status = _decimal(b, s, classes, -1)
+                        ok = status == OK and end_ == e
+                        if negative:
+                            v = -v  # undone below
+                    if not ok:
+                        good = False
+                        break
+                    ints[row, slot] = -v if negative else v
+                    missing[row, slot] = False
+                elif kind == HEX:  # (over 8 bytes)
+                    end_, v, status = _hex(b, s, classes, hex_digits)
+                    if status != OK or end_ != e:
+                        good = False
+                        break
+                    ints[row, slot] = v
+                    missing[row, slot] = False
+                elif kind == STRING:
+                    ints[row, slot] = _string_key(_murmur3(b, s, length, seeds[j]), seeds[j])
+                    missing[row, slot] = False
+                elif kind == FLOAT:
+                    end_, f, status = _float(b, s, classes, pow10)
+                    if status != OK or end_ != e:
+                        good = False
+                        break
+                    floats[row, slot] = f
+                    missing[row, num_ints + slot] = False
+                elif kind == LIST:
+                    end_, count, status = _list(b, s, classes, list_delimiter, lists[slot], list_counts[slot])
+                    if status != OK or end_ != e:
+                        good = False
+                        break
+                    list_counts[slot] = count
+                s = e + 1
+            good = good and not bad
+        if good:
+            q = s + 1 if classes[b[s - 1]] != NEWLINE else s
             err[row] = OK
         else:
             for k in range(num_lists):
@@ -784,10 +820,6 @@ def _parse(b, words, rows, kinds, slots, seeds, required, classes, hex_digits, d
 _parse, string_keys, hex_strings = fast_loading(_parse), fast_loading(string_keys), fast_loading(hex_strings)
 
 # ---- the Python side ------------------------------------------------------------------------------------------
-
-# ``words`` for data of 8 bytes or fewer: two words (a strided, read-only view, typed as every other chunk's
-# ``words`` is: a one-word or empty view would be C-contiguous, a second signature of ``_parse`` to load).
-_NO_WORDS = np.ndarray((2,), dtype="<u8", buffer=bytes(9), strides=(1,))
 
 _warming = threading.Lock()
 _warmed = False
@@ -828,8 +860,7 @@ def parse_text(data: bytes, rows: int, layout: Layout) -> TextChunk:
     scratch = np.empty(len(data) + 1 if syntax.quoting else 1, dtype=np.uint8)
     unquoted = scratch.view()
     unquoted.flags.writeable = False
-    words = np.ndarray((b.size - 7,), dtype="<u8", buffer=data, strides=(1,)) if b.size > 8 else _NO_WORDS
-    fallbacks, end = _parse(b, words, rows, layout.kinds, layout.slots, layout.seeds, layout.required, layout.classes,
+    fallbacks, end = _parse(b, rows, layout.kinds, layout.slots, layout.seeds, layout.required, layout.classes,
                             _HEX_DIGITS, layout.delimiter, syntax.quoting, syntax.crlf, layout.list_delimiter,
                             _POW10, ints, floats, missing, list_offsets, lists, err, err_field, err_start, err_end,
                             fallback, scratch, unquoted, _KEEP)
