@@ -15,6 +15,7 @@ tested against).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,8 +46,9 @@ class RowLayout:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a number of words >= 0, got {value!r}")
 
-    @property
+    @functools.cached_property
     def width(self) -> int:
+        """Words a row (at least 1): worked out once (a chunk's preparation asks for it a few times a run)."""
         return max(self.label + self.dense + self.ids + self.more, 1)
 
     def empty(self, rows: int) -> np.ndarray:

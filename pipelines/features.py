@@ -19,6 +19,7 @@ from .. import ops
 from .stage import BOTH, CPU_ONLY, Stage
 
 MISSING_ID = -1
+SHAPES_KEPT = 8  # batch sizes whose shapes a stage keeps (``shapes_of``)
 Shapes = dict[str, tuple[tuple[int, ...], np.dtype]]
 # How an output lies in a row block (``ops.RowLayout``: a row's finished values as 32-bit words, for a batch to
 # gather): ROW_VALUE float32 [B]; ROW_VALUES float32 [B, D]; ROW_IDS int64 [K, B] holding ids below 2**32.
@@ -54,10 +55,13 @@ class FeatureStage(Stage):
         return {}
 
     def shapes_of(self, rows: int) -> Shapes:
-        """``shapes(rows)``, made once per batch size (a batch then builds no dict of shapes; do not change it)."""
+        """``shapes(rows)``, made once per batch size (a batch then builds no dict of shapes; do not change it).
+        Only the first few sizes are kept: runs of a table's chunks come in as many sizes as it has chunks."""
         made = self._shapes_made.get(rows)
         if made is None:
-            made = self._shapes_made[rows] = self.shapes(rows)
+            made = self.shapes(rows)
+            if len(self._shapes_made) < SHAPES_KEPT:
+                self._shapes_made[rows] = made
         return made
 
     @functools.cached_property

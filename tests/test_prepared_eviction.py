@@ -60,3 +60,17 @@ def test_chunks_warmed_ahead_outlive_chunks_already_read():
     assert table.reads[-1] == 0
     assert gather(prepared, [41, 55]).tolist() == [41, 55]  # 4 and 5 still held
     assert len(table.reads) == 7
+
+
+def test_a_batch_of_held_chunks_claims_none_of_them(monkeypatch):
+    """Chunks a batch finds held (pinned by it) are not looked at one by one: only those missing are claimed."""
+    table = FakeTable(chunks=8, cache_chunks=4)
+    prepared = PreparedRows(table, ops.RowLayout(1, 0, 0, 0), prepare(table), read_stage="parse")
+    assert gather(prepared, [5, 15, 3]).tolist() == [5, 15, 3]
+    claimed = []
+    real = prepared._loading.claim
+    monkeypatch.setattr(prepared._loading, "claim", lambda c: claimed.append(c) or real(c))
+    assert gather(prepared, [1, 12, 19]).tolist() == [1, 12, 19]
+    assert claimed == []
+    assert gather(prepared, [1, 22, 12]).tolist() == [1, 22, 12]
+    assert claimed == [2] and table.reads == [0, 1, 2]

@@ -176,3 +176,16 @@ def test_one_buffer_carries_a_batch_across(spec):
         assert np.array_equal(np.asarray(back["lists"][0].values), [7, 8])
     jagged = _unpack(buffer, layout, _cupy_view)["jagged"]
     assert isinstance(jagged, ops.Jagged) and jagged.lengths.tolist() == [2, 1]
+
+
+def test_a_stage_keeps_the_shapes_of_a_few_batch_sizes():
+    """``shapes_of``: ``shapes`` made once per batch size, for the first few sizes only (the runs of a table's
+    chunks come in as many sizes as it has chunks)."""
+    from feedline.pipelines.features import SHAPES_KEPT, Parse
+
+    parse = Parse(("columns",), ("label", "dense_raw", "categorical_raw"), "label", ("a", "b"), ("c",), ())
+    first = parse.shapes_of(8)
+    assert parse.shapes_of(8) is first and first == parse.shapes(8)
+    for rows in range(100):
+        assert parse.shapes_of(rows) == parse.shapes(rows)
+    assert len(parse._shapes_made) == SHAPES_KEPT

@@ -13,6 +13,7 @@ finished ones (parsed text and Parquet are; a converted table's records are not,
 """
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Mapping
 
@@ -121,9 +122,9 @@ class Folded:
             buffers = self._local.buffers = {}
             for stage in (self.parse, *self.stages):
                 for name, (shape, dtype) in stage.shapes(RUN_ROWS).items():
-                    buffers[name] = np.empty(int(np.prod(shape)), dtype=dtype)
+                    buffers[name] = np.empty(math.prod(shape), dtype=dtype)
         out = {}
-        for stage in (self.parse, *self.stages):
+        for stage in (self.parse, *self.stages):  # (math.prod: one call, where np.prod is five in Python)
             for name, (shape, _) in stage.shapes(rows).items():
-                out[name] = buffers[name][:int(np.prod(shape))].reshape(shape)
+                out[name] = buffers[name][:math.prod(shape)].reshape(shape)
         return out
