@@ -7,11 +7,15 @@ thread is woken only for the plan it waits for (``_Doorbell``).
 A caller may also ask for plans to be warmed ``ahead`` plans before they are made (``warm``): each plan, as it
 is taken from the iterator, is warmed (what it will need read into a cache) by the task of the next plan made,
 before that plan, so that work a plan would do in one burst (the chunks of a new shuffle buffer-full) is spread
-over the plans before it. One task a plan, not two; and a task is a small object on a C queue (``_Pool``), not a
-``concurrent.futures`` future, whose making, queueing and finishing take some fifty Python calls holding the GIL.
+over the plans before it; the run's first ``ahead`` tasks warm after their plan instead (their plans read the
+buffer-full that no task warmed before them: the first batch waited for the first task's warming of the next
+buffer-full, the second for the second's). One task a plan, not two; and a task is a small object on a C queue
+(``_Pool``), not a ``concurrent.futures`` future, whose making, queueing and finishing take some fifty Python
+calls holding the GIL.
 """
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections import deque
@@ -54,14 +58,18 @@ class _Doorbell(WakePipe):
 
 
 class _Task:
-    __slots__ = ("call", "args", "bell", "done", "cancelled", "result", "error")
+    """``call(*args)``, whose result (or error) the batch thread takes once ``done``; then ``after()`` (the warming of
+    later plans: what it raises is ignored, the plan's own work meets the same error where it can be reported)."""
 
-    def __init__(self, call: Callable, args: tuple, bell: _Doorbell):
-        self.call, self.args, self.bell = call, args, bell
+    __slots__ = ("call", "args", "after", "bell", "done", "cancelled", "result", "error")
+
+    def __init__(self, call: Callable, args: tuple, bell: _Doorbell, after: Callable[[], Any] | None = None):
+        self.call, self.args, self.after, self.bell = call, args, after, bell
         self.done = self.cancelled = False
         self.result = self.error = None
 
-    def run(self) -> None:
+    def run(self) -> Callable[[], Any] | None:
+        """The call, then done; returns what to run after it (None when cancelled)."""
         if not self.cancelled:
             try:
                 self.result = self.call(*self.args)
@@ -69,6 +77,7 @@ class _Task:
                 self.error = e
         self.done = True
         self.bell.finished(self)
+        return None if self.cancelled else self.after
 
 
 class _Pool:
@@ -86,8 +95,10 @@ class _Pool:
             task = self._tasks.get()
             if task is None:
                 return
-            task.run()
-            del task  # (its result is the batch: held here until the next task comes, the ring could not reuse it)
+            after = task.run()
+            del task  # (its result is the batch: held here on, the ring could not reuse it before the next task)
+            if after is not None:
+                after()
 
     def submit(self, task: _Task) -> _Task:
         self._tasks.put(task)
@@ -114,13 +125,14 @@ class PlanThreads:
             ahead: int = 0) -> Iterator[tuple[BatchPlan, Any]]:
         """``(plan, work(plan))`` in plan order; an error in ``work`` is raised here, noting the plan's rows.
         ``warm(plan, k % ahead, ahead)`` (``k``: the plan's count in this run) is queued ``ahead`` plans before
-        ``work(plan)``; what it raises is ignored (``work`` meets the same error where it can be reported).
-        Closing the generator cancels the plans not started."""
+        ``work(plan)`` (the first task warms the first ``ahead + 1`` plans; the first ``ahead`` tasks warm after
+        their work); what it raises is ignored (``work`` meets the same error where it can be reported). Closing
+        the generator cancels the plans not started."""
         pool = self._pool or _Pool(self.num_threads)
         pending: deque = deque()
         coming: deque = deque()  # plans taken from ``plans`` but not yet submitted
         to_warm: list = []  # (plan, part) taken but not yet warmed: warmed by the next task submitted
-        taken = 0
+        taken = submitted = 0
         done = _Doorbell()
         try:
             while True:
@@ -136,7 +148,15 @@ class PlanThreads:
                     plan = coming.popleft() if coming else None
                     if plan is None:
                         break
-                    task = pool.submit(_Task(_warm_then_work, (warm, tuple(to_warm), ahead, work, plan), done))
+                    warming = tuple(to_warm)
+                    if not warming:
+                        task = pool.submit(_Task(work, (plan,), done))
+                    elif submitted < ahead:  # (no task warmed this plan's buffer-full: made first)
+                        after = functools.partial(_warm_all, warm, warming, ahead)
+                        task = pool.submit(_Task(work, (plan,), done, after))
+                    else:
+                        task = pool.submit(_Task(_warm_then_work, (warm, warming, ahead, work, plan), done))
+                    submitted += 1
                     to_warm.clear()
                     pending.append((plan, task))
                 if not pending:
@@ -173,12 +193,17 @@ class PlanThreads:
             self._pool = None
 
 
-def _warm_then_work(warm, warming: tuple, parts: int, work: Callable[[BatchPlan], Any], plan: BatchPlan) -> Any:
+def _warm_all(warm, warming: tuple, parts: int) -> None:
     """``warm(each, part, parts)`` of ``warming`` (what a warming raises is ignored: the plan's own work meets the
-    same error where it can be reported), then ``work(plan)``."""
+    same error where it can be reported)."""
     for ahead, part in warming:
         try:
             warm(ahead, part, parts)
         except Exception:
             pass
+
+
+def _warm_then_work(warm, warming: tuple, parts: int, work: Callable[[BatchPlan], Any], plan: BatchPlan) -> Any:
+    """``_warm_all``, then ``work(plan)``."""
+    _warm_all(warm, warming, parts)
     return work(plan)
