@@ -178,10 +178,11 @@ class Loader:
             self.cursor.advance(info, delivered=batch is not None)
             self._stream.at = self.cursor.next_sample
             if batch is not None:
+                rows = batch["index"].shape[0]  # (len() of a tensor is a Python method: four calls)
                 samples += valid
-                padding += len(batch["index"]) - valid
+                padding += rows - valid
                 self.meter.delivered(valid)
-                self.placer.delivered(len(batch["index"]))  # a new placement makes the batches after this one
+                self.placer.delivered(rows)  # a new placement makes the batches after this one
                 yield batch
                 self._iterations.check(token, epoch)
         self.epoch_summaries[epoch] = {"batches": self.cursor.batches, "samples": samples, "padding": padding,
@@ -195,8 +196,7 @@ class Loader:
         self._process.check()
         while True:
             try:
-                with self.meter.waiting():
-                    return self._stream.next()
+                return self.meter.take(self._stream.next)
             except Exception as exc:
                 if not self.placer.fall_back(exc):
                     self._stream.close()

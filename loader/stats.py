@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, TypeVar
 
 from ..pipelines.validate import positive_int, positive_seconds
 from .placement.monitors import WaitMonitor
+
+T = TypeVar("T")
 
 
 class DeliveryMeter:
@@ -34,6 +36,20 @@ class DeliveryMeter:
 
     def waiting(self) -> ContextManager[None]:
         return self.monitor.waiting()
+
+    def take(self, get: Callable[[], T]) -> T:
+        """``get()`` timed as the trainer's wait for a batch, as ``with meter.waiting(): get()`` times it, without
+        a context manager's half-dozen Python steps (the Loader's ``next()``, once per batch on the trainer's
+        thread)."""
+        monitor = self.monitor
+        monitor.wait_started()
+        try:
+            got = get()
+        except BaseException:
+            monitor.wait_failed()
+            raise
+        monitor.wait_ended()
+        return got
 
     def delivered(self, samples: int) -> None:
         self.monitor.delivered(samples)

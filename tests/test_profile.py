@@ -178,6 +178,29 @@ def test_the_delivery_meter_counts_the_window():
         DeliveryMeter(window=0)
 
 
+def test_the_delivery_meter_times_a_take_as_a_wait_and_drops_a_failed_one():
+    """``meter.take(get)`` (the Loader's ``next()``) counts as ``with meter.waiting(): get()`` does: the wait, the
+    step before it; a fetch that raises is not counted, nor is the step after it."""
+    now = [0.0]
+    meter = DeliveryMeter(window=8, clock=lambda: now[0])
+
+    def get(wait, fail=False):
+        now[0] += wait
+        if fail:
+            raise KeyError("no batch")
+        return "batch"
+
+    assert meter.take(lambda: get(1.0)) == "batch"
+    now[0] += 2.0
+    with pytest.raises(KeyError):
+        meter.take(lambda: get(0.5, fail=True))
+    now[0] += 1.0
+    assert meter.take(lambda: get(0.25)) == "batch"
+    assert meter.monitor.since(0) == [(0.0, 1.0, None, None), (4.5, 4.75, None, None)]
+    meter.take(lambda: get(0.0))
+    assert meter.monitor.since(0)[-1] == (4.75, 4.75, 0.0, None)
+
+
 class _Writer:
     def __init__(self):
         self.scalars = []

@@ -247,6 +247,11 @@ class WaitMonitor:
         self._waiting_since = None
         self._handed_over_at = now
 
+    def wait_failed(self) -> None:
+        """The fetch since ``wait_started()`` failed: not counted (nor the step before the next one)."""
+        self._waiting_since = None
+        self._handed_over_at = None
+
     @contextmanager
     def waiting(self) -> Iterator[None]:
         """``with monitor.waiting(): batch = next(stream)``; a failed fetch is not counted."""
@@ -254,8 +259,7 @@ class WaitMonitor:
         try:
             yield
         except BaseException:
-            self._waiting_since = None
-            self._handed_over_at = None
+            self.wait_failed()
             raise
         self.wait_ended()
 
