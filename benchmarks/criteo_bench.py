@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -25,19 +26,21 @@ import torch
 from tqdm import tqdm
 
 from ..loader.cache_policy import CacheSettings
+from ..loader import latency
 from ..loader.devices import gpu_available
 from ..loader.epochs import batch_size_of, endless, measure_loader
 from ..loader.loader import Loader
 from ..pipelines.criteo import CATEGORICAL_NAMES, DENSE_NAMES, criteo
-from .trainer import alternate, check_trainer_step, counted, cuda_sync, resolve_step_s, trainer_summary
+from .trainer import check_trainer_step, cuda_sync, paired_rounds, trainer_summary
 
 TABLE_SIZE = 1_000_003
 WARMUP_BATCHES = 2
 # Before each round of the trainer comparison: feedline's threads refill its read-ahead during the pause, not
 # during the baseline's round (the baseline makes nothing ahead).
 SETTLE_S = 0.5
-# A round is at least this many times the largest read-ahead, and starts by taking the read-ahead untimed.
-ROUND_OVER_READAHEAD = 4
+# Rounds of the trainer comparison last about this long (batches per round from each side's untimed first round):
+# long enough to be steady, short enough that both sides' rounds interleave closely.
+ROUND_S = 0.75
 # The Loader keeps parsed chunks of a TSV for two shuffle buffers (plus a few chunks): a file of no more rows
 # than this is parsed only in its first epoch.
 CACHED_BUFFERS = 2
@@ -136,10 +139,26 @@ def bench_criteo(path: str | os.PathLike, batch_size: int = 8192, batches: int |
 
 
 def _trainer_notes(result: dict, loader: Loader, path: str) -> list[str]:
-    """Why the trainer rounds' capacity can differ from the first epoch: they run on epochs after it, which read
-    the file from the page cache and, for a small file, from the Loader's parsed chunks."""
+    """How the trainer rounds are counted, and why their capacity can differ from the first epoch: they run on
+    epochs after it, which read the file from the page cache and, for a small file, from the Loader's parsed
+    chunks."""
     notes = ["capacity_samples_per_s and the trainer rounds run on the epochs after the first, which read the "
-             "file from the page cache; feedline_first_epoch_samples_per_s (opening included) is the first epoch"]
+             "file from the page cache; feedline_first_epoch_samples_per_s (opening included) is the first epoch",
+             f"efficiency: each side's turn is a trainer round then a round with no trainer, so every trainer round "
+             f"sits between two capacity rounds (batches_per_round"
+             + (f": each side's batches in about {ROUND_S:g} s, counted in an untimed first round" if ROUND_S else "")
+             + "); a round's efficiency is "
+             "its delivered samples/s over min(capacity, demand), capacity being those two rounds' samples over "
+             "their seconds and demand its samples over (batches x trainer_step_ms); efficiency is the median over "
+             "rounds (efficiency_per_round); with trainer_step_auto the step is feedline's batch time in its first "
+             "capacity round",
+             "trainer_slice: " + ("both sides' batches are taken on the bench's main thread, which holds the "
+                                  "trainer's short scheduler slice (loader/latency.py) through all rounds: feedline's "
+                                  "stream gives it to the thread taking its batches, and the bench asks for it "
+                                  "itself for the pandas baseline, whose batches a plain generator makes on that "
+                                  "thread" if result.get("trainer_slice") else
+                                  "no side's thread had the trainer's short scheduler slice (FEEDLINE_TRAINER_SLICE=0, "
+                                  "or not available here)")]
     cached = None
     if not os.path.isdir(path) and not path.lower().endswith((".parquet", ".pq")):
         cached = cached_note("feedline", len(loader.source), loader.shuffle_buffer)
@@ -245,27 +264,25 @@ def _time_baseline(path: str, batch_size: int, nrows: int | None) -> dict:
 
 def _with_trainer(loader: Loader, frame, step, *, batch_size: int, batches: int | None, rounds: int,
                   settle_s: float, sync, progress: bool) -> dict:
-    """Alternating rounds of feedline (its files open, epoch after epoch) and, with ``frame``, the baseline
-    (:func:`pandas_batches` of the rows it read): first with no trainer (capacity), then under the step."""
+    """Alternating turns of feedline (its files open, epoch after epoch) and, with ``frame``, the baseline
+    (:func:`pandas_batches` of the rows it read): rounds of about ``ROUND_S`` seconds, a trainer round between two
+    capacity rounds (:func:`feedline.benchmarks.trainer.paired_rounds`). This thread takes both sides' batches and
+    holds the trainer's short scheduler slice (:mod:`feedline.loader.latency`) throughout, for the baseline too."""
     contenders = {"feedline": lambda: loader}
     readahead = {"feedline": loader.prefetch}
     if frame is not None:
         contenders["baseline"] = lambda: pandas_batches(frame, batch_size)
         readahead["baseline"] = 0  # a generator on the trainer's thread makes nothing ahead
-    untimed = max(max(readahead.values()), 1)
-    per_round = max((batches or len(loader)) // rounds, ROUND_OVER_READAHEAD * untimed)
-    total = 2 * len(contenders) * rounds * (untimed + per_round)
-    with tqdm(total=total, desc="bench criteo", unit="batch", disable=not progress) as bar:
-        streams = {name: counted(endless(make), lambda: bar.update(1)) for name, make in contenders.items()}
-        capacity = alternate(streams, rounds=rounds, per_round=per_round, untimed=untimed, settle_s=settle_s,
-                             sync=sync, on_turn=lambda name: bar.set_description(f"bench {name}"))
-        step_s = resolve_step_s(step, capacity["feedline"])
-        loaded = alternate(streams, rounds=rounds, per_round=per_round, untimed=untimed, step_s=step_s,
-                           settle_s=settle_s, sync=sync,
-                           on_turn=lambda name: bar.set_description(f"bench {name} + trainer {step_s * 1e3:.1f} ms"))
-        for stream in streams.values():
-            stream.close()
-    summary = trainer_summary(capacity, loaded, step_s, auto=step == "auto",
-                              baseline="baseline" if frame is not None else None)
-    return {"rounds": rounds, "batches_per_round": per_round, "untimed_batches_per_round": untimed,
-            "readahead_batches": readahead, **summary}
+    tid = threading.get_native_id()
+    sliced = latency.shorten(tid)
+    try:
+        runs = paired_rounds(contenders, readahead=readahead, rounds=rounds, per_round=(batches or 1) // rounds or 1,
+                             step=step, round_s=ROUND_S, settle_s=settle_s, sync=sync, progress=progress,
+                             desc="bench")
+    finally:
+        if sliced:
+            latency.restore(tid)
+    summary = trainer_summary(runs["capacity"], runs["loaded"], runs["step_s"], auto=step == "auto",
+                              baseline="baseline" if frame is not None else None, paired=True)
+    return {"rounds": rounds, "batches_per_round": runs["per_round"], "untimed_batches_per_round": runs["untimed"],
+            "readahead_batches": readahead, "trainer_slice": sliced, **summary}

@@ -2,28 +2,23 @@
 on the same files, batch size and cores, each after a warm-up. The two loaders are measured in alternating
 rounds and each reports its median round, so load from elsewhere on the machine biases neither.
 
-With ``trainer_step_ms`` both are then measured again, in alternating rounds, under a simulated trainer that
-sleeps that long per batch on the iterating thread (``"auto"``: feedline's own batch time with no trainer);
-see :mod:`feedline.benchmarks.trainer`."""
+With ``trainer_step_ms`` each loader's turn is then a round under a simulated trainer that sleeps that long per
+batch on the iterating thread (``"auto"``: feedline's own batch time in its first round with no trainer) followed by
+a round with none, so that every trainer round sits between two capacity rounds; see
+:mod:`feedline.benchmarks.trainer` (``paired_rounds``)."""
 from __future__ import annotations
-
-from tqdm import tqdm
 
 from ..loader import Loader
 from ..loader.devices import available_cores
-from ..loader.epochs import endless
 from ..pipelines import image
 from ..pipelines.image_sources import WebDataset
 from ..pipelines.validate import one_of, positive_int
 from . import image_baselines
-from .trainer import alternate, check_trainer_step, counted, cuda_sync, median_rate, resolve_step_s, trainer_summary
+from .trainer import ROUND_OVER_READAHEAD, check_trainer_step, cuda_sync, median_rate, paired_rounds, trainer_summary
 
 # Both loaders read ahead in the background (DataLoader workers, feedline's prefetch queue); after a switch the
 # idle one refills its queue, which would steal cores from the one being timed.
 SETTLE_S = 1.5
-# A round is at least this many times the largest read-ahead, and starts by taking the read-ahead untimed: the
-# queue a loader fills while it waits for its turn is never counted as made during the round.
-ROUND_OVER_READAHEAD = 4
 
 
 def readahead_batches(loader) -> int:
@@ -58,34 +53,14 @@ def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "c
     if baseline:
         contenders["baseline"] = _torchvision(pipeline, output)(data, batch_size, cores)
     readahead = {name: readahead_batches(loader) for name, loader in contenders.items()}
-    untimed = max(max(readahead.values()), 1)
-    per_round = max(batches // rounds, ROUND_OVER_READAHEAD * untimed)
     sync = cuda_sync()
     if sync is not None:
         sync()  # create the CUDA context before anything is timed
-    phases = 1 if step is None else 2
-    total = len(contenders) * (warmup + phases * rounds * (untimed + per_round))
-    with tqdm(total=total, desc=f"bench {pipeline}", unit="batch", disable=not progress) as bar:
-        # epoch after epoch of each loader, so rounds continue where the last one stopped
-        streams = {name: counted(endless(lambda l=loader: l), lambda: bar.update(1))
-                   for name, loader in contenders.items()}
-        for stream in streams.values():
-            for _ in range(warmup):
-                next(stream)
-
-        def turn(name: str, what: str) -> None:
-            bar.set_description(f"bench {name}{what}")
-
-        capacity = alternate(streams, rounds=rounds, per_round=per_round, untimed=untimed, settle_s=settle_s,
-                             sync=sync, on_turn=lambda name: turn(name, ""))
-        loaded, step_s = None, None
-        if step is not None:
-            step_s = resolve_step_s(step, capacity["feedline"])
-            loaded = alternate(streams, rounds=rounds, per_round=per_round, untimed=untimed, step_s=step_s,
-                               settle_s=settle_s, sync=sync,
-                               on_turn=lambda name: turn(name, f" + trainer {step_s * 1000:.1f} ms"))
-        for stream in streams.values():
-            stream.close()
+    runs = paired_rounds({name: (lambda l=loader: l) for name, loader in contenders.items()}, readahead=readahead,
+                         rounds=rounds, per_round=max(batches // rounds, 1), step=step, warmup=warmup,
+                         settle_s=settle_s, sync=sync, progress=progress, desc=f"bench {pipeline}")
+    capacity, loaded, step_s = runs["capacity"], runs["loaded"], runs["step_s"]
+    per_round, untimed = runs["per_round"]["feedline"], runs["untimed"]
     feedline = contenders["feedline"]
     result = {"pipeline": pipeline, "placement": spec.describe_cut(feedline.cut), "output": output,
               "batch_size": batch_size, "batches": per_round * rounds, "rounds": rounds,
@@ -102,7 +77,7 @@ def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "c
         del contenders["baseline"]
     if loaded is not None:
         result.update(trainer_summary(capacity, loaded, step_s, auto=step == "auto",
-                                      baseline="baseline" if baseline else None))
+                                      baseline="baseline" if baseline else None, paired=True))
     if bound and not isinstance(spec.source, WebDataset):  # the decode bound decodes files by path
         files = list(feedline.source.paths[: max(batch_size * batches, 512)])
         decode = image_baselines.decode_bound(files, workers=cores)

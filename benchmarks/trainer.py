@@ -10,11 +10,14 @@ Words used in the reports:
 * capacity: samples/s of a bare ``for batch in loader`` loop (no trainer);
 * demand: samples/s the trainer would take if it never waited (mean batch size / step);
 * delivered: samples/s with the trainer, step included;
-* efficiency: delivered / min(capacity, demand), 1.0 when the loader hides entirely behind the step (it can
-  exceed 1 by noise, as capacity and delivered come from different rounds);
-* wait share: seconds blocked in ``next()`` / seconds of the whole timed loop, with the trainer.
+* efficiency: delivered / min(capacity, demand), 1.0 when the loader hides entirely behind the step. With
+  :func:`paired_rounds` each trainer round sits between two capacity rounds of the same loader, its capacity is
+  theirs pooled (samples / seconds of both), and the reported efficiency is the median of the rounds' own;
+* wait share: seconds blocked in ``next()`` / seconds of the whole timed loop, with the trainer;
+* overrun: the mean measured step minus the step asked for (the trainer woke late).
 
-Loaders are compared in alternating rounds (:func:`alternate`), each reporting its median round.
+Loaders are compared in alternating rounds (:func:`alternate`, :func:`paired_rounds`), each reporting its median
+round.
 """
 from __future__ import annotations
 
@@ -24,13 +27,18 @@ import math
 import statistics
 import sys
 import time
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
+
+from tqdm import tqdm
 
 from ..loader.devices import gpu_available
-from ..loader.epochs import measure_loader
+from ..loader.epochs import endless, measure_loader
 from ..pipelines.validate import finite_at_least, int_at_least, positive_int
 
 AUTO = "auto"
+# A round is at least this many times the largest read-ahead, and starts by taking the read-ahead untimed: the
+# queue a loader fills while it waits for its turn is never counted as made during the round.
+ROUND_OVER_READAHEAD = 4
 
 
 def check_trainer_step(trainer_step_ms: object) -> float | str | None:
@@ -83,7 +91,7 @@ def exact_sleeps():
 
 
 def run_trainer(stream: Iterator, batches: int, step_s: float, sync: Callable[[], None] | None = None, *,
-                warmup: int = 0) -> dict:
+                warmup: int = 0, per_step: bool = False) -> dict:
     """Take ``batches`` batches from ``stream`` (an endless iterator, e.g. ``feedline.loader.epochs.endless(lambda:
     loader)``), sleeping ``step_s`` seconds on this thread after each one, after ``warmup`` batches taken the same
     way but not timed. ``step_s=0`` is the bare loop, i.e. the loader's capacity. ``sync`` runs before the clock
@@ -93,11 +101,13 @@ def run_trainer(stream: Iterator, batches: int, step_s: float, sync: Callable[[]
     ``wait_s`` (blocked in ``next()``), ``wait_share`` (``wait_s / seconds``), ``step_s`` and
     ``demand_samples_per_s`` (``samples / (batches * step_s)``, the rate if the trainer never waited; ``inf``
     with no step) and ``slept_s`` (the mean measured length of a step: more than ``step_s`` when the machine is
-    too busy to wake the trainer on time).
+    too busy to wake the trainer on time). With ``per_step``, also ``waits_s`` and ``slept_each_s``: every timed
+    batch's time in ``next()`` and its measured step.
     """
     finite_at_least("step_s", step_s, 0)
     int_at_least("warmup", warmup, 0)
-    waited, stepped = [0.0], [0.0]
+    waits: list[float] = []
+    slept: list[float] = []
     taken = [0]
 
     def trained():
@@ -108,26 +118,30 @@ def run_trainer(stream: Iterator, batches: int, step_s: float, sync: Callable[[]
             except StopIteration:
                 raise ValueError(f"the stream ended after {taken[0]} batches; run_trainer needs an endless "
                                  f"stream (feedline.loader.epochs.endless(lambda: loader))") from None
-            waited[0] += time.perf_counter() - began
+            waits.append(time.perf_counter() - began)
             taken[0] += 1
             if step_s:
                 began = time.perf_counter()
                 time.sleep(step_s)  # the step: releases the GIL, as a trainer waiting on its GPU kernels
-                stepped[0] += time.perf_counter() - began
+                slept.append(time.perf_counter() - began)
             yield batch
 
     steps = trained()
     for _ in range(warmup):
         next(steps)
-    waited[0] = stepped[0] = 0.0
+    waits.clear()
+    slept.clear()
     # measure_loader's clock covers `batches` whole iterations: each is next() on the loader, then the step
     with exact_sleeps():
         timed = measure_loader(lambda: steps, batches, 0, sync=sync)
     steps.close()
     seconds = timed["seconds"]
-    return {**timed, "wait_s": waited[0], "wait_share": waited[0] / seconds, "step_s": float(step_s),
-            "slept_s": stepped[0] / batches,
-            "demand_samples_per_s": timed["samples"] / (batches * step_s) if step_s else math.inf}
+    result = {**timed, "wait_s": sum(waits), "wait_share": sum(waits) / seconds, "step_s": float(step_s),
+              "slept_s": sum(slept) / batches,
+              "demand_samples_per_s": timed["samples"] / (batches * step_s) if step_s else math.inf}
+    if per_step:
+        result["waits_s"], result["slept_each_s"] = list(waits), list(slept)
+    return result
 
 
 def efficiency(delivered: float, capacity: float, demand: float) -> float:
@@ -161,6 +175,71 @@ def alternate(streams: Mapping[str, Iterator], *, rounds: int, per_round: int, u
     return results
 
 
+def paired_rounds(makers: Mapping[str, Callable[[], Iterable]], *, readahead: Mapping[str, int], rounds: int,
+                  per_round: int, step: float | str | None = None, round_s: float | None = None, warmup: int = 0,
+                  settle_s: float = 0.0, sync: Callable[[], None] | None = None, progress: bool = False,
+                  desc: str = "bench", main: str = "feedline") -> dict:
+    """Every loader of ``makers`` (name -> ``lambda: loader``, run epoch after epoch) in turn, each turn after a
+    ``settle_s`` pause (the other loaders' read-ahead refills during it instead of during the timed batches).
+
+    A round is :func:`run_trainer` over a loader's ``per_round`` timed batches (raised to ``ROUND_OVER_READAHEAD``
+    times the largest ``readahead``) after ``untimed`` = that read-ahead (what a loader made while it waited for
+    its turn is not counted as made in the round). With ``round_s``, each loader first runs one such round
+    untimed, and its rounds are then raised to the batches it made in ``round_s`` seconds there, so that every
+    round is long enough to be steady whatever its batch time.
+
+    Then one capacity round (no trainer) per loader, and with ``step`` (milliseconds, or ``"auto"``: ``main``'s
+    batch time in that first capacity round), ``rounds`` turns of a trainer round followed by a capacity round:
+    every trainer round sits between two capacity rounds of its loader (see :func:`trainer_summary`'s
+    ``paired``). With no ``step``, ``rounds`` capacity rounds in all.
+
+    Returns ``capacity`` and ``loaded`` (None with no step): every round's result per loader; ``step_s``;
+    ``per_round`` (timed batches per round, per loader) and ``untimed``."""
+    positive_int("rounds", rounds)
+    untimed = max(max(readahead.values()), 1)
+    counts = {name: max(positive_int("per_round", per_round), ROUND_OVER_READAHEAD * untimed) for name in makers}
+    turns = 1 + (2 * rounds if step is not None else rounds - 1) + bool(round_s)
+    with tqdm(total=len(makers) * (warmup + turns * (untimed + max(counts.values()))), desc=desc, unit="batch",
+              disable=not progress) as bar:
+        streams = {name: counted(endless(make), lambda: bar.update(1)) for name, make in makers.items()}
+
+        def turn(name: str, step_s: float) -> dict:
+            bar.set_description(f"{desc} {name}" + (f" + trainer {step_s * 1e3:.1f} ms" if step_s else ""))
+            return run_trainer(streams[name], counts[name], step_s, sync, warmup=untimed)
+
+        def settle() -> None:
+            if settle_s:
+                time.sleep(settle_s)
+
+        try:
+            for stream in streams.values():
+                for _ in range(warmup):
+                    next(stream)
+            if round_s:
+                for name in streams:
+                    settle()
+                    first = turn(name, 0.0)
+                    counts[name] = max(counts[name], math.ceil(round_s * first["batches"] / first["seconds"]))
+                bar.total = bar.n + sum((turns - 1) * (untimed + n) for n in counts.values())
+                bar.refresh()
+            capacity: dict[str, list[dict]] = {name: [] for name in streams}
+            for name in streams:
+                settle()
+                capacity[name].append(turn(name, 0.0))
+            step_s = None if step is None else resolve_step_s(step, capacity[main])
+            loaded = None if step_s is None else {name: [] for name in streams}
+            for _ in range(rounds if step_s is not None else rounds - 1):
+                for name in streams:
+                    settle()
+                    if loaded is not None:
+                        loaded[name].append(turn(name, step_s))
+                    capacity[name].append(turn(name, 0.0))
+        finally:
+            for stream in streams.values():
+                stream.close()
+    return {"capacity": capacity, "loaded": loaded, "step_s": step_s, "per_round": counts, "untimed": untimed}
+
+
 def median_rate(runs: list[dict]) -> float:
     return statistics.median(r["samples_per_s"] for r in runs)
 
@@ -175,15 +254,37 @@ def resolve_step_s(trainer_step_ms: float | str, capacity_runs: list[dict]) -> f
     return auto_step_s(capacity_runs) if trainer_step_ms == AUTO else trainer_step_ms / 1000.0
 
 
+def pooled_rate(runs: list[dict]) -> float:
+    """Samples/s of ``runs`` taken together: all their samples over all their seconds."""
+    return sum(r["samples"] for r in runs) / sum(r["seconds"] for r in runs)
+
+
+def paired_efficiencies(capacity_runs: list[dict], loaded_runs: list[dict]) -> list[float]:
+    """Each trainer round's efficiency, from :func:`paired_rounds`' order (capacity, trainer, capacity, ...):
+    trainer round ``i`` delivered / min(its capacity, its demand), its capacity being the capacity rounds just
+    before and after it pooled (:func:`pooled_rate`), so that a machine slower or faster for a while weighs on
+    both sides of the ratio alike."""
+    if len(capacity_runs) != len(loaded_runs) + 1:
+        raise ValueError(f"paired rounds need one capacity round more than trainer rounds, got "
+                         f"{len(capacity_runs)} and {len(loaded_runs)}")
+    return [efficiency(run["samples_per_s"], pooled_rate(capacity_runs[i:i + 2]), run["demand_samples_per_s"])
+            for i, run in enumerate(loaded_runs)]
+
+
 def trainer_summary(capacity: Mapping[str, list[dict]], loaded: Mapping[str, list[dict]], step_s: float, *,
-                    auto: bool, main: str = "feedline", baseline: str | None = "baseline") -> dict:
+                    auto: bool, main: str = "feedline", baseline: str | None = "baseline",
+                    paired: bool = False) -> dict:
     """The report's trainer keys from capacity rounds (no trainer) and loaded rounds (``step_s`` per batch):
-    ``trainer_step_ms``, ``trainer_step_auto``, ``trainer_step_measured_ms``, ``demand_samples_per_s``, ``capacity_samples_per_s``,
-    ``delivered_samples_per_s``, ``efficiency``, ``trainer_wait_share`` for ``main``, and where ``baseline``
-    was measured the same with a ``baseline_`` prefix plus ``delivered_speedup`` (main delivered / baseline
-    delivered) and ``delivered_speedup_per_round``. Each figure is the median over rounds."""
+    ``trainer_step_ms``, ``trainer_step_auto``, ``trainer_step_measured_ms``, ``trainer_step_overrun_ms``
+    (measured - asked), ``demand_samples_per_s``, ``capacity_samples_per_s``, ``delivered_samples_per_s``,
+    ``efficiency``, ``trainer_wait_share`` for ``main``, and where ``baseline`` was measured the same with a
+    ``baseline_`` prefix plus ``delivered_speedup`` (main delivered / baseline delivered) and
+    ``delivered_speedup_per_round``. Each figure is the median over rounds. ``efficiency``: with ``paired``
+    (rounds from :func:`paired_rounds`) the median of :func:`paired_efficiencies` (also given per round as
+    ``efficiency_per_round``); otherwise delivered / min(capacity, demand) of the medians."""
+    measured = statistics.median(r["slept_s"] for r in loaded[main])
     result = {"trainer_step_ms": step_s * 1000.0, "trainer_step_auto": auto,
-              "trainer_step_measured_ms": 1000.0 * statistics.median(r["slept_s"] for r in loaded[main])}
+              "trainer_step_measured_ms": 1000.0 * measured, "trainer_step_overrun_ms": 1000.0 * (measured - step_s)}
     result["demand_samples_per_s"] = statistics.median(r["demand_samples_per_s"] for r in loaded[main])
     for name, prefix in ((main, ""), (baseline, "baseline_")):
         if name is None or name not in loaded:
@@ -192,7 +293,12 @@ def trainer_summary(capacity: Mapping[str, list[dict]], loaded: Mapping[str, lis
         demand = statistics.median(r["demand_samples_per_s"] for r in loaded[name])
         result[f"{prefix}capacity_samples_per_s"] = cap
         result[f"{prefix}delivered_samples_per_s"] = got
-        result[f"{prefix}efficiency"] = efficiency(got, cap, demand)
+        if paired:
+            each = paired_efficiencies(capacity[name], loaded[name])
+            result[f"{prefix}efficiency"] = statistics.median(each)
+            result[f"{prefix}efficiency_per_round"] = [round(e, 3) for e in each]
+        else:
+            result[f"{prefix}efficiency"] = efficiency(got, cap, demand)
         result[f"{prefix}trainer_wait_share"] = statistics.median(r["wait_share"] for r in loaded[name])
     if baseline is not None and baseline in loaded:
         result["delivered_speedup"] = result["delivered_samples_per_s"] / result["baseline_delivered_samples_per_s"]

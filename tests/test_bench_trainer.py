@@ -6,6 +6,7 @@ machine), and only fake loaders' times are compared with what they were told to 
 import json
 import math
 import queue
+import statistics
 import threading
 import time
 
@@ -14,9 +15,10 @@ import pytest
 
 from feedline.benchmarks import criteo_bench, image_baselines, image_bench
 from feedline.datagen.synthetic_criteo import make_criteo
-from feedline.benchmarks.trainer import (alternate, auto_step_s, check_trainer_step, efficiency, resolve_step_s,
-                                         run_trainer, trainer_summary)
+from feedline.benchmarks.trainer import (alternate, auto_step_s, check_trainer_step, efficiency, paired_efficiencies,
+                                         paired_rounds, resolve_step_s, run_trainer, trainer_summary)
 from feedline.cli import main
+from feedline.loader import latency
 from feedline.pipelines import image
 
 SIZE = 8
@@ -173,6 +175,45 @@ def test_rounds_alternate_between_the_loaders():
     assert [len(r) for r in runs.values()] == [3, 3] and all(r["batches"] == 4 for r in runs["a"])
 
 
+def test_paired_rounds_put_every_trainer_round_between_two_capacity_rounds():
+    turns = []
+    streams = {"a": made_on_the_iterating_thread(0.0), "b": made_on_the_iterating_thread(0.001)}
+
+    def maker(name):
+        def make():
+            turns.append(name)
+            return streams[name]
+        return make
+
+    runs = paired_rounds({"a": maker("a"), "b": maker("b")}, readahead={"a": 1, "b": 0}, rounds=3, per_round=4,
+                         step=2.0, main="a")
+    assert runs["step_s"] == 0.002 and runs["untimed"] == 1 and runs["per_round"] == {"a": 4, "b": 4}
+    assert [len(r) for r in runs["capacity"].values()] == [4, 4]
+    assert [len(r) for r in runs["loaded"].values()] == [3, 3]
+    assert all(r["step_s"] == 0.0 for r in runs["capacity"]["a"]) and all(r["step_s"] == 0.002 for r in runs["loaded"]["a"])
+    assert turns == ["a", "b"]  # each stream opened once, epoch after epoch
+    auto = paired_rounds({"a": lambda: made_on_the_iterating_thread(0.002)}, readahead={"a": 0}, rounds=1,
+                         per_round=4, step="auto", round_s=0.02, main="a")
+    # the first, untimed round sets the round's length: ~0.02 s of ~2 ms batches, never under the minimum
+    assert auto["per_round"]["a"] >= 4 and auto["step_s"] == auto_step_s(auto["capacity"]["a"][:1])
+    alone = paired_rounds({"a": lambda: made_on_the_iterating_thread(0.0)}, readahead={"a": 0}, rounds=3,
+                          per_round=4, main="a")
+    assert alone["loaded"] is None and alone["step_s"] is None and len(alone["capacity"]["a"]) == 3
+
+
+def test_a_paired_round_counts_against_the_capacity_around_it():
+    capacity = [fake_run(400.0), fake_run(200.0), fake_run(400.0)]
+    loaded = [fake_run(250.0, step_s=SIZE / 400.0), fake_run(300.0, step_s=SIZE / 400.0)]
+    # round 0: capacity 2 x 80 samples / (0.2 + 0.4) s = 266.7 < demand 400; round 1: the same pair of rounds
+    assert [round(e, 4) for e in paired_efficiencies(capacity, loaded)] == [round(250 / (160 / 0.6), 4),
+                                                                            round(300 / (160 / 0.6), 4)]
+    summary = trainer_summary({"feedline": capacity}, {"feedline": loaded}, SIZE / 400.0, auto=True, baseline=None,
+                              paired=True)
+    assert summary["efficiency"] == statistics.median(paired_efficiencies(capacity, loaded))
+    with pytest.raises(ValueError, match="one capacity round more"):
+        paired_efficiencies(capacity[:2], loaded)
+
+
 # ---- the benchmarks at tiny sizes -----------------------------------------------------------------------------
 
 TRAINER_KEYS = ("trainer_step_ms", "capacity_samples_per_s", "delivered_samples_per_s", "efficiency",
@@ -186,6 +227,7 @@ def quick(monkeypatch):
     """No settle pauses, and a stand-in for the decode bound (its own spawned pool is not under test here)."""
     monkeypatch.setattr(image_bench, "SETTLE_S", 0.0)
     monkeypatch.setattr(criteo_bench, "SETTLE_S", 0.0)
+    monkeypatch.setattr(criteo_bench, "ROUND_S", None)
     monkeypatch.setattr(image_baselines, "decode_bound", lambda files, workers: {
         "bound_samples_per_s": 1000.0, "bound_source": "stand-in"})
 
@@ -200,8 +242,11 @@ def check_trainer_keys(result: dict, *, baseline: bool) -> None:
     for key in TRAINER_KEYS + (BASELINE_TRAINER_KEYS if baseline else ()):
         assert isinstance(result[key], float) and result[key] > 0, key
     assert 0.0 <= result["trainer_wait_share"] <= 1.0
-    assert math.isclose(result["efficiency"], result["delivered_samples_per_s"] / min(
-        result["capacity_samples_per_s"], result["demand_samples_per_s"]))
+    # paired rounds: the median of the rounds' own efficiencies, each against the capacity rounds around it
+    assert result["efficiency"] == pytest.approx(statistics.median(result["efficiency_per_round"]), abs=5e-4)
+    assert len(result["efficiency_per_round"]) == result["rounds"]
+    assert math.isclose(result["trainer_step_overrun_ms"],
+                        result["trainer_step_measured_ms"] - result["trainer_step_ms"])
     if baseline:
         assert math.isclose(result["delivered_speedup"], result["delivered_samples_per_s"]
                             / result["baseline_delivered_samples_per_s"])
@@ -214,8 +259,9 @@ def test_image_train_with_auto_step_and_the_torchvision_baseline(image_dir, tmp_
                                    "--batches", "2", "--rounds", "1", "--trainer-step-ms", "auto"])
     check_trainer_keys(result, baseline=True)
     assert result["trainer_step_auto"] is True
-    # auto: the step is feedline's own batch time with no trainer, so demand equals its capacity
-    assert math.isclose(result["demand_samples_per_s"], result["capacity_samples_per_s"], rel_tol=1e-9)
+    # auto: the step is feedline's own batch time in its first round with no trainer (the capacity reported is
+    # the median of that round and the one after the trainer round)
+    assert math.isclose(result["demand_samples_per_s"], 4 * 1000 / result["trainer_step_ms"], rel_tol=1e-9)
     assert result["capacity_samples_per_s"] == result["feedline_samples_per_s"]
     assert result["baseline_capacity_samples_per_s"] == result["baseline_samples_per_s"]
     # one worker per core, prefetch_factor 2: a round is at least 4x that read-ahead, which is taken untimed first
@@ -275,7 +321,9 @@ def test_criteo_with_a_trainer(criteo_file, tmp_path, quick, step):
                         / result["baseline_steady_samples_per_s"])
     assert result["feedline_samples_per_s"] < result["feedline_steady_samples_per_s"]  # the same rows, plus opening
     assert result["baseline_samples_per_s"] < result["baseline_steady_samples_per_s"]  # the same rows, plus read_csv
-    assert result["batches_per_round"] >= 4 * result["untimed_batches_per_round"]
+    assert min(result["batches_per_round"].values()) >= 4 * result["untimed_batches_per_round"]
+    assert result["trainer_slice"] is latency.enabled()
+    assert any(note.startswith("efficiency: ") for note in result["notes"])
     # the first epoch and the capacity are both reported, and the report says why they differ: 3,000 rows stay
     # parsed in the Loader's chunk cache after the first epoch
     assert result["feedline_first_epoch_samples_per_s"] > 0 and result["capacity_samples_per_s"] > 0
