@@ -461,3 +461,12 @@ def test_lines_shorter_than_a_word():
         lines = [d.join([i, h]) for i in (b"", b"1", b"-", b"-7", b"123") for h in (b"", b"a", b"fF", b"g")]
         check_against_reference(lines * 3, layout)
         check_against_reference(lines * 3, layout, final_newline=False)
+
+
+def test_minus_as_the_delimiter():
+    """With '-' as the delimiter, an empty integer field's first byte (the delimiter after it) is a '-': not a
+    sign (a field "-" alone is not a number, an empty one is missing)."""
+    syntax = TextSyntax(delimiter="-", list_delimiter="|")
+    layout = Layout((Column("a", K.INT), Column("b", K.INT), Column("c", K.HEX)), syntax)
+    lines = [b"1-2-3", b"--", b"12--ff", b"-5-", b"1--", b"--a", b"0-0-0"]
+    check_against_reference(lines * 3, layout)

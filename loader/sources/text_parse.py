@@ -481,6 +481,17 @@ def _word_at(typingctx, data, at):
     return types.uint64(data, types.int64), codegen
 
 
+@intrinsic
+def _pick(typingctx, condition, a, b):
+    """``a if condition else b`` without a branch: a select the compiler is told is unpredictable (LLVM would
+    otherwise turn one whose operand is a load into a branch, mispredicted where the data decides)."""
+    def codegen(context, builder, signature, args):
+        choice = builder.select(args[0], args[1], args[2])
+        choice.set_metadata("unpredictable", builder.module.add_metadata([]))
+        return choice
+    return a(condition, a, b), codegen
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _digits_word(x, keep):
     """Whether every kept byte of ``x`` is an ASCII digit; their value (zero bytes below them)."""
@@ -689,7 +700,7 @@ def _parse(b, rows, kinds, slots, seeds, required, classes, hex_digits, delimite
             for j in range(num_fields):
                 used_up = hits == _U0
                 block += np.int64(used_up)
-                hits |= ends[block & _RING] & (_U0 - _U(used_up))  # (no branch)
+                hits = _pick(used_up, ends[block & _RING], hits)
                 while (hits == _U0) | (block >= ready):  # a block with no end, or past those computed
                     if (hits == _U0) & (block < ready):
                         block += 1
@@ -706,28 +717,30 @@ def _parse(b, rows, kinds, slots, seeds, required, classes, hex_digits, delimite
                 kind = kinds[j]
                 length = e - s
                 if (kind == INT or kind == HEX) and length <= 8:
+                    # (indices unsigned where they cannot be negative: no wrap-around of a negative one to compute)
                     x = _word_at(b, e - 8)  # the field in its top bytes
-                    slot = _U(slots[j])  # (unsigned: no wrap-around of a negative index to compute)
+                    slot = _U(slots[j])
                     if kind == INT:
-                        negative = b[s] == 0x2D  # (the delimiter when the field is empty)
+                        negative = (b[_U(s)] == 0x2D) & (length > 0)  # (b[s]: the delimiter when empty)
                         digits = length - np.int64(negative)
-                        kept = keep[digits]
+                        kept = keep[_U(digits)]
                         ok, v = _digits_word(x & kept, kept)
                         ok = ok & ((digits > 0) | (length == 0))
                         v = -v if negative else v
                     else:
-                        kept = keep[length]
+                        kept = keep[_U(length)]
                         ok, v = _hex_word(x & kept, kept)
                     empty = length == 0
                     bad |= (not ok) | (empty & required[j])
                     ints[row, slot] = v
                     missing[row, slot] = empty
                     s = e + 1
+                    c = b[_U(e)]
                     if j + 1 < num_fields:
-                        if b[e] != delimiter:
+                        if c != delimiter:
                             good = False
                             break
-                    elif b[e] != 0x0A and not (crlf and b[e] == 0x0D and b[e + 1] == 0x0A):
+                    elif c != 0x0A and not (crlf and c == 0x0D and b[_U(s)] == 0x0A):
                         good = False
                         break
                     continue
