@@ -89,10 +89,7 @@ def hash_columns(raw, plan: HashPlan, out=None):
     (int64 [>= max(targets) + 1, B], allocated when None; rows no key targets are left as they were)."""
     if not isinstance(plan, HashPlan):
         raise TypeError(f"plan must be a HashPlan (from hash_plan), got {type(plan).__name__}")
-    if type(raw) is np.ndarray and (out is None or type(out) is np.ndarray):  # (every CPU batch: no look-up)
-        xp = np
-    else:
-        xp = array_module(raw=raw) if out is None else array_module(raw=raw, out=out)
+    xp = array_module(raw=raw) if out is None else array_module(raw=raw, out=out)
     plan.check_raw(raw, np.int64)
     rows = plan.writes
     if out is None:

@@ -80,9 +80,7 @@ class BatchArrays:
     def layout(self, rows: int) -> tuple[BufferLayout, dict[str, tuple]]:
         """The buffer layout of a batch of ``rows``, and the fixed shapes of every array the CPU stages make."""
         made = self._layouts.get(rows)
-        if made is not None:
-            return made
-        if rows not in self._layouts:
+        if made is None:
             shapes: dict[str, tuple] = {}
             for stage in self._cpu_stages:
                 shapes.update(stage.shapes(rows))
@@ -94,8 +92,8 @@ class BatchArrays:
                         placed[key] = shapes[key]
             placed["index"] = ((rows,), np.dtype(np.int64))
             placed["valid"] = ((rows,), np.dtype(np.bool_))
-            self._layouts[rows] = (BufferLayout(placed), shapes)
-        return self._layouts[rows]
+            made = self._layouts[rows] = (BufferLayout(placed), shapes)
+        return made
 
     def arrays(self, rows: int, buffer: np.ndarray | None, placed: dict[str, np.ndarray] | None = None
                ) -> dict[str, np.ndarray]:
@@ -161,16 +159,11 @@ class BatchArrays:
         tensors = dressed.tensors
         shared = self._constant_tensors.get(rows) or self.constant_tensors(rows)
         out: dict[str, Any] = {}
-        for name, value in moving.items():  # (the buffer's own views, the usual case, looked up here: no call)
+        for name, value in moving.items():
             if type(value) is dict:
-                group = out[name] = {}
-                for key, v in value.items():
-                    full = f"{name}.{key}"
-                    pair = shared.get(full)  # (a shared output's tensor, made once: lengths and offsets)
-                    group[key] = tensors[full] if own.get(full) is v else pair[1] if pair is not None and \
-                        pair[0] is v else _tensor_of(full, v, own, tensors, shared)
+                out[name] = {key: _tensor_of(f"{name}.{key}", v, own, tensors, shared) for key, v in value.items()}
             else:
-                out[name] = tensors[name] if own.get(name) is value else _tensor_of(name, value, own, tensors, shared)
+                out[name] = _tensor_of(name, value, own, tensors, shared)
         return out
 
     def constant_tensors(self, rows: int) -> dict[str, tuple[np.ndarray, torch.Tensor]]:
