@@ -34,10 +34,10 @@ from .criteo_bench import TABLE_SIZE, cached_note
 from .gil_share import py_spy, record_gil
 from .peak_memory import run_module
 from .side_process import Opened, SideProcess
+from .trainer import ROUND_OVER_READAHEAD
 
 BASELINES = ("torchrec", "pyarrow")
 SETTLE_S = 0.5
-ROUND_OVER_READAHEAD = 4
 GIL_SECONDS = 3
 _HERE = "feedline.benchmarks"
 # feedline's own modules that opening a Criteo TSV or converted folder imports (the rest come with the Loader):

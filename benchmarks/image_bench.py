@@ -14,7 +14,7 @@ from ..pipelines import image
 from ..pipelines.image_sources import WebDataset
 from ..pipelines.validate import one_of, positive_int
 from . import image_baselines
-from .trainer import ROUND_OVER_READAHEAD, check_trainer_step, cuda_sync, median_rate, paired_rounds, trainer_summary
+from .trainer import check_trainer_step, cuda_sync, median_rate, paired_rounds, trainer_summary
 
 # Both loaders read ahead in the background (DataLoader workers, feedline's prefetch queue); after a switch the
 # idle one refills its queue, which would steal cores from the one being timed.

@@ -22,9 +22,9 @@ from ..pipelines import image
 from ..pipelines.image_sources import ImageFolder, ImageList
 from ..pipelines.mix import mix
 from ..pipelines.spec import PipelineSpec
-from .image_bench import SETTLE_S, ROUND_OVER_READAHEAD
+from .image_bench import SETTLE_S
 from .printed import print_result
-from .trainer import alternate, cuda_sync, median_rate
+from .trainer import ROUND_OVER_READAHEAD, alternate, cuda_sync, median_rate
 
 
 def readahead(loader, weights=None) -> int:

@@ -16,12 +16,10 @@ from ..loader.epochs import endless
 from ..loader.placement.rounds import NOISE_SIGMAS, measure_rounds
 from ..pipelines.spec import PipelineSpec
 from .image_baselines import measure_loader
+from .trainer import ROUND_OVER_READAHEAD
 
 EPOCH_FOR_SHARE = 10_000  # the profiling cost is stated as a share of an epoch of this many samples
 SETTLE_S = 1.0  # before each turn: the other loaders finish refilling their read-ahead queues
-# A round is at least this many times the largest read-ahead, and starts by taking the read-ahead untimed: the
-# queue a loader fills while it waits for its turn is never counted as made during its turn.
-ROUND_OVER_READAHEAD = 4
 DALI_PREFETCH_QUEUE_DEPTH = 2  # DALI's default, set explicitly in the default configuration below
 MAX_ROUNDS = 8          # rounds stop here even if a median is not yet stable
 ROUND_TOLERANCE = 0.02  # a median is stable once its relative standard error is at most this
