@@ -19,7 +19,8 @@ from feedline.loader import DataError, Loader
 from feedline.loader.cache_policy import CacheMode, CacheSettings
 from feedline.loader.sources import cached_chunks, index_store, open_source, tsv
 from feedline.loader.sources.table_rows import ListColumn
-from feedline.ops.gather_columns import DTYPES
+from feedline.loader.sources.columnar import narrowest
+from feedline.ops.gather_columns import BIT_FLAGS, DTYPES
 from feedline.pipelines.criteo import criteo
 from feedline.pipelines.tabular import Categorical, Column, Dense, MultiHot, Schema, TabularFiles, tabular
 
@@ -420,6 +421,31 @@ def test_a_chunk_file_reads_back_the_values_it_was_given():
     assert np.array_equal(stored.lists["tags"].offsets, lists["tags"].offsets)
     assert np.array_equal(stored.lists["tags"].values, lists["tags"].values)
     assert stored.parse_s_per_row == 1.5e-6
+
+
+def test_the_first_epoch_gathers_from_the_records_it_keeps(made, tmp_path):
+    """A chunk parsed while the cache is written is held (and gathered from) in the records it is kept as, which
+    the table's plan expects (``cached_row_bytes``), not in the wider parsed block."""
+    path = copy(made, "day.tsv", tmp_path)
+    loader = loader_of(path, CacheSettings(mode=CacheMode.ON))
+    epoch_digest(loader)
+    table = loader.source
+    held = [c for c in (table._cache.cached(c) for c in range(len(table.chunk_rows))) if c is not None]
+    loader.close()
+    assert held and all((chunk.block.layout[:, 3] == BIT_FLAGS).all() for chunk in held)
+    assert len(chunk_files(path)) == len(table.chunk_rows)
+
+
+def test_each_column_is_kept_in_the_type_narrowest_gives():
+    """The encoding's own choice of types (one kernel pass) agrees with ``columnar.narrowest`` on every bound."""
+    edges = [0, 1, -1, 127, 128, -128, -129, 255, 256, 32_767, 32_768, -32_768, -32_769, 65_535, 65_536,
+             2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**32 - 1, 2**32, -2**63, 2**63 - 1]
+    pairs = [(a, b) for a in edges for b in edges if a <= b]
+    ints = np.zeros((2, len(pairs)), np.int64)
+    ints[0], ints[1] = [a for a, _ in pairs], [b for _, b in pairs]
+    got = cached_chunks.layout_of(ints, 1).dtypes
+    assert got == [narrowest(a, b) for a, b in pairs] + [np.dtype(np.float64)]
+    assert cached_chunks.layout_of(ints[::-1].copy(), 0).dtypes == got[:-1]
 
 
 def test_two_loaders_filling_one_cache_at_once(made, tmp_path, monkeypatch):

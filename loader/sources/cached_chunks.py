@@ -26,7 +26,7 @@ import numpy as np
 
 from ... import ops
 from ...ops.gather_columns import CODES, DTYPES
-from .columnar import RecordLayout, narrowest
+from .columnar import RecordLayout
 from .index_store import write_file
 from .table_rows import ListColumn
 
@@ -34,8 +34,8 @@ MAGIC = b"FLCHUNK1"
 HEADER = struct.Struct("<8s16sQIIQQdQ")  # magic, key, rows, columns, lists, records bytes, rest bytes, s/row, bad
 KEY_BYTES = 16
 STALE_TEMPORARY_S = 600.0  # a temporary chunk file this old was left by a process that died while writing it
-_INTEGER_CODES = frozenset(CODES[np.dtype(t)] for t in
-                           (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.int64))
+_INTEGERS = tuple(np.dtype(t) for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.int64))
+_INTEGER_CODES = frozenset(CODES[d] for d in _INTEGERS)
 _FLOAT_CODE = CODES[np.dtype(np.float64)]
 
 
@@ -75,23 +75,43 @@ class StoredChunk(NamedTuple):
     nbytes: int
 
 
+class Encoded(NamedTuple):
+    """A parsed chunk encoded: the pieces of its chunk file, in order, and its scalar columns as the block of
+    records a read of that file gives (the same bytes, in memory)."""
+
+    pieces: list
+    block: ops.ColumnBlock
+
+
+class _Plan(NamedTuple):
+    """How the chunks whose columns have one set of type codes are encoded (the same for most of a table's)."""
+
+    layout: RecordLayout
+    template: np.ndarray  # the block's layout, flags placed at 0 (``_shape``)
+    columns: np.ndarray  # integer columns, widest first
+    slots: np.ndarray  # each one's element in a record (of its width), then each float column's (float64)
+    ends: np.ndarray  # how many of ``columns`` take 8, 4 and 2 bytes or more
+
+
 def encode(parsed: ParsedChunk, key: bytes, parse_s_per_row: float) -> list[bytes | np.ndarray]:
     """The pieces of a chunk file, in order."""
+    return encoded(parsed, key, parse_s_per_row).pieces
+
+
+def encoded(parsed: ParsedChunk, key: bytes, parse_s_per_row: float) -> Encoded:
+    """The chunk file's pieces and its records as a block (``read``'s, without the file)."""
     rows, num_ints = parsed.ints.shape
     num_floats = parsed.floats.shape[1]
-    layout = layout_of(parsed.ints, num_floats)
-    dtypes = layout.dtypes
-    records = np.zeros(max(layout.chunk_bytes(rows), 8), dtype=np.uint8)
-    if dtypes:
-        order = sorted(range(num_ints), key=lambda j: -dtypes[j].itemsize)  # integer columns widest first
-        widths = [dtypes[j].itemsize for j in order]
-        ends = np.array([sum(w >= size for w in widths) for size in (8, 4, 2)], np.int64)
-        slots = [layout.offsets[j] // dtypes[j].itemsize for j in order + list(range(num_ints, len(dtypes)))]
-        _kernels()[1](parsed.ints, parsed.floats, np.ascontiguousarray(parsed.missing), np.array(order, np.int64),
-              np.array(slots, np.int64), ends, layout.record, _padded(rows * layout.record), layout.flag_bytes,
-              records, records.view(np.uint16), records.view(np.uint32), records.view(np.uint64),
-              records.view(np.float64))
-    records = records[:layout.chunk_bytes(rows)]
+    plan = _plan(_codes(parsed.ints, num_floats), num_ints)
+    layout = plan.layout
+    size = layout.chunk_bytes(rows)
+    records = np.zeros(max(size, 8), dtype=np.uint8)
+    if layout.dtypes:
+        _kernels()[1](parsed.ints, parsed.floats, np.ascontiguousarray(parsed.missing), plan.columns, plan.slots,
+                      plan.ends, layout.record, _padded(rows * layout.record), layout.flag_bytes, records,
+                      records.view(np.uint16), records.view(np.uint32), records.view(np.uint64),
+                      records.view(np.float64))
+    records = records[:size]
     bad = np.flatnonzero(parsed.bad)
     arrays, lists = [], []
     for name, column in parsed.lists.items():
@@ -99,28 +119,77 @@ def encode(parsed: ParsedChunk, key: bytes, parse_s_per_row: float) -> list[byte
         values = np.ascontiguousarray(column.values, dtype="<i8")
         lists.append([name, int(offsets.size), int(values.size)])
         arrays += [offsets, values]
-    described = _described({"bad": [[int(r), parsed.reasons[int(r)]] for r in bad], "lists": lists})
+    described = _described({"bad": [[int(r), parsed.reasons[int(r)]] for r in bad], "lists": lists}) \
+        if bad.size or lists else _NOTHING
     rest = 8 + len(described) + sum(a.nbytes for a in arrays)
-    codes = bytes(CODES[d] for d in dtypes)
-    head = HEADER.pack(MAGIC, key, rows, len(dtypes), len(lists), records.nbytes, rest, float(parse_s_per_row),
-                       bad.size) + codes
-    head += b"\0" * (header_bytes(len(dtypes)) - len(head))
-    return [head, records, struct.pack("<Q", len(described)), described, *arrays]
+    codes = bytes(CODES[d] for d in layout.dtypes)
+    head = HEADER.pack(MAGIC, key, rows, len(codes), len(lists), size, rest, float(parse_s_per_row), bad.size) \
+        + codes
+    head += b"\0" * (header_bytes(len(codes)) - len(head))
+    return Encoded([head, records, struct.pack("<Q", len(described)), described, *arrays],
+                   ops.ColumnBlock(records, records, _placed(layout, plan.template, rows), rows))
 
 
-def _ranges(ints, low, high):
-    """Each column's smallest and largest value (``ints`` has a row)."""
+def _placed(layout: RecordLayout, template: np.ndarray, rows: int) -> np.ndarray:
+    """The block layout of a chunk of ``rows`` rows: the flags (bits) follow the records."""
+    placed = template.copy()
+    placed[:, 4] += 8 * _padded(rows * layout.record)
+    return placed
+
+
+# The integer types in the order ``columnar.narrowest`` tries them (the narrowest first), by their bounds.
+_BOUND_LOW = np.array([np.iinfo(d).min for d in _INTEGERS], np.int64)
+_BOUND_HIGH = np.array([np.iinfo(d).max for d in _INTEGERS], np.int64)
+_BOUND_CODES = np.array([CODES[d] for d in _INTEGERS], np.uint8)
+
+
+def _codes(ints: np.ndarray, num_floats: int) -> bytes:
+    """The type code of each column of a chunk: integer columns in the narrowest type holding their values
+    (``columnar.narrowest``), float columns float64."""
+    rows, num_ints = ints.shape
+    codes = np.full(num_ints, _BOUND_CODES[0], np.uint8)
+    if rows and num_ints:
+        _kernels()[0](ints, _BOUND_LOW, _BOUND_HIGH, _BOUND_CODES, np.empty(num_ints, np.int64),
+                      np.empty(num_ints, np.int64), codes)
+    return codes.tobytes() + bytes([_FLOAT_CODE]) * num_floats
+
+
+def _narrowest(ints, low, high, codes, smallest, largest, out):
+    """``out[j]``: ``codes[i]`` of the first bound ``low[i]..high[i]`` holding every value of column ``j`` of
+    ``ints`` (which has a row; ``smallest``, ``largest``: room for each column's extremes); the last bound holds
+    every value."""
     rows, columns = ints.shape
     for j in range(columns):
-        low[j] = ints[0, j]
-        high[j] = ints[0, j]
+        smallest[j] = ints[0, j]
+        largest[j] = ints[0, j]
     for r in range(1, rows):
         for j in range(columns):
             v = ints[r, j]
-            if v < low[j]:
-                low[j] = v
-            if v > high[j]:
-                high[j] = v
+            if v < smallest[j]:
+                smallest[j] = v
+            if v > largest[j]:
+                largest[j] = v
+    for j in range(columns):
+        i = 0
+        while i < low.size - 1 and not (low[i] <= smallest[j] and largest[j] <= high[i]):
+            i += 1
+        out[j] = codes[i]
+
+
+_plans: dict[bytes, _Plan] = {}
+
+
+def _plan(codes: bytes, num_ints: int) -> _Plan:
+    plan = _plans.get(codes)
+    if plan is None:
+        layout, template = _shape(codes)
+        dtypes = layout.dtypes
+        order = sorted(range(num_ints), key=lambda j: -dtypes[j].itemsize)  # integer columns widest first
+        widths = [dtypes[j].itemsize for j in order]
+        ends = np.array([sum(w >= size for w in widths) for size in (8, 4, 2)], np.int64)
+        slots = [layout.offsets[j] // dtypes[j].itemsize for j in order + list(range(num_ints, len(dtypes)))]
+        plan = _plans[codes] = _Plan(layout, template, np.array(order, np.int64), np.array(slots, np.int64), ends)
+    return plan
 
 
 def _fill(ints, floats, missing, columns, slots, ends, record, flags_at, flag_bytes, u8, u16, u32, u64, f64):
@@ -155,13 +224,21 @@ def _fill(ints, floats, missing, columns, slots, ends, record, flags_at, flag_by
 
 @functools.cache
 def _kernels():
-    """``_ranges`` and ``_fill`` as GIL-free numba kernels, compiled (or loaded from numba's cache) on first use, so
+    """``_narrowest`` and ``_fill`` as GIL-free numba kernels, compiled (or loaded from numba's cache) on first use, so
     that opening a text table imports no numba on the thread that indexes its files."""
     from numba import njit
 
     from ...ops._numba import fast_loading  # (loaded from the cache without numba's refresh, as every kernel is)
 
-    return fast_loading(njit(nogil=True, cache=True)(_ranges)), fast_loading(njit(nogil=True, cache=True)(_fill))
+    return fast_loading(njit(nogil=True, cache=True)(_narrowest)), fast_loading(njit(nogil=True, cache=True)(_fill))
+
+
+def warm_up() -> None:
+    """The encoding's kernels loaded (from numba's cache, else compiled) and called once on a chunk typed as a
+    parsed one is, so that the first chunk parsed does not wait for them."""
+    rows = 2
+    encode(ParsedChunk(np.zeros((rows, 1), np.int64), np.zeros((rows, 0), np.float64), np.zeros((rows, 1), bool), {},
+                       np.zeros(rows, bool), {}), bytes(KEY_BYTES), 0.0)
 
 
 def _described(doc: dict) -> bytes:
@@ -175,13 +252,7 @@ _NOTHING = _described({"bad": [], "lists": []})
 def layout_of(ints: np.ndarray, num_floats: int) -> RecordLayout:
     """The records of a chunk of these integer columns (each in the narrowest type holding its values) and
     ``num_floats`` float columns."""
-    rows, num_ints = ints.shape
-    dtypes = [np.dtype(np.uint8)] * num_ints
-    if rows and num_ints:
-        low, high = np.empty(num_ints, np.int64), np.empty(num_ints, np.int64)
-        _kernels()[0](ints, low, high)
-        dtypes = [narrowest(int(a), int(b)) for a, b in zip(low, high)]
-    return RecordLayout(dtypes + [np.dtype(np.float64)] * num_floats)
+    return _shape(_codes(ints, num_floats))[0]
 
 
 def stored_layout(folder: str, chunk: int, key: bytes, columns: int) -> RecordLayout | None:
@@ -236,11 +307,8 @@ def read(folder: str, chunk: int, key: bytes, rows: int, columns: int, list_name
     described = _rest(data[records_size:], rows, list_names, num_bad)
     if described is None:
         return None
-    layout, template = shape
-    placed = template.copy()
-    placed[:, 4] += 8 * _padded(rows * layout.record)  # the flags (bits) follow the records
     bad, reasons, lists = described
-    block = ops.ColumnBlock(data, data, placed, rows)
+    block = ops.ColumnBlock(data, data, _placed(*shape, rows), rows)
     return StoredChunk(block, lists, bad, reasons, parse_s, size)
 
 

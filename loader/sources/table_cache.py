@@ -74,6 +74,7 @@ class CachedTextFormat(TextFormat):
         self.cache = TableCache(settings, memory_rows, scalars, lists)
         self._indexes: dict[str, ChunkIndex] = {}
         self._row_bytes: float | None = None
+        threading.Thread(target=_warm_up, name="feedline-table-cache-warm-up", daemon=True).start()
 
     def index(self, path: str) -> ChunkIndex:
         before = Fingerprint.of(path)
@@ -152,6 +153,15 @@ class CachedTextFormat(TextFormat):
     def cache_decision(self) -> CacheDecision:
         """Whether the table's converted chunks are used, and why."""
         return self.cache.decision
+
+
+def _warm_up() -> None:
+    """(While the files are indexed.) The parser's kernel (``TextFormat`` loads it on a thread of its own; this
+    waits for it, so as not to slow it) then the encoding's."""
+    from .text_parse import warm_up
+
+    warm_up()
+    cached_chunks.warm_up()
 
 
 def _bounds(index: ChunkIndex, chunk: int) -> tuple[int, int, int, int]:
@@ -293,9 +303,13 @@ class TableCache:
         packed, parsed = parse()
         parse_s = (time.perf_counter() - started) / rows
         self._note(parse=parse_s)
-        if self._state != "off" and self._writing:
-            self._keep(f, chunk, key, rows, parsed, parse_s)
-        return packed
+        if self._state == "off" or not self._writing:
+            return packed
+        made = cached_chunks.encoded(parsed, key, parse_s)
+        self._keep(f, chunk, key, rows, made.pieces)
+        # Gathered from the records kept, as when read back: narrower than the parsed block, and what the table's
+        # plan (``cached_row_bytes``) was made for.
+        return packed._replace(block=made.block)
 
     # ---- the decision --------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -313,15 +327,16 @@ class TableCache:
                     _what(self.files), self.settings.mode.value, measured=False)
                 log.info("feedline: %s: %s", self.decision.what, self.decision.reason)
 
-    def _keep(self, f: _File, chunk: int, key: bytes, rows: int, parsed: ParsedChunk, parse_s: float) -> None:
-        """The parsed chunk written to the cache (and, while deciding, read back and timed)."""
+    def _keep(self, f: _File, chunk: int, key: bytes, rows: int, pieces: list) -> None:
+        """A parsed chunk's file (``cached_chunks.encode``) written to the cache (and, while deciding, read back
+        and timed)."""
         folder, why = f.writable_folder()
         if not folder:
             if not any(other.folder != "" for other in self.files.values()):
                 self._stop(why)
             return
         try:
-            size = cached_chunks.write(folder, chunk, cached_chunks.encode(parsed, key, parse_s))
+            size = cached_chunks.write(folder, chunk, pieces)
         except OSError as e:
             self._stop(f"writing the cache of {f.path} in {folder} failed: {e.strerror or e}")
             return
