@@ -1,8 +1,9 @@
 """Kernels found in numba's disk cache load without numba's refresh of its whole target context
 (``ops._numba.fast_loading``): in a fresh process, a cached kernel that allocates, loops and raises runs and
-gives its results with none of numba's other implementations imported (no ``arraymath``, no ``scipy.linalg``),
-and a user's own numba function compiled afterwards in that process (``np.dot``, ``np.sum``: the implementations
-the refresh installs) still compiles and runs. A Criteo TSV epoch in a fresh process loads its kernels that way."""
+gives its results with none of numba's other implementations imported (no ``arraymath``, no ``scipy.linalg``, not
+even ``arrayobj`` of its own ``np.empty``) and numba's runtime module not compiled, and a user's own numba
+function compiled afterwards in that process (``np.dot``, ``np.sum``: the implementations the refresh installs;
+one calling the loaded kernel) still compiles and runs. A Criteo TSV epoch in a fresh process loads its kernels that way."""
 from __future__ import annotations
 
 import json
@@ -47,8 +48,17 @@ RUN = textwrap.dedent('''
     result = {"total": int(total), "out": out.tolist(), "raised": raised,
               "hits": sum(fast_kernels.squares.stats.cache_hits.values()),
               "cache": type(fast_kernels.squares._cache).__name__,
-              "refreshed": [m for m in ("numba.np.arraymath", "numba.np.linalg", "scipy.linalg") if m in sys.modules]}
+              "refreshed": [m for m in ("numba.np.arraymath", "numba.np.linalg", "scipy.linalg") if m in sys.modules],
+              "arrayobj": "numba.np.arrayobj" in sys.modules}
+    from numba.core.runtime.nrt import rtsys
+    result["runtime_compiled"] = rtsys._init
     import numba
+
+    @numba.njit
+    def calls_the_kernel(out):
+        return fast_kernels.squares(out, 4)
+
+    result["called"] = calls_the_kernel(np.zeros(5, np.int64))
 
     @numba.njit
     def users_own(a, b):
@@ -77,6 +87,19 @@ def test_a_cached_kernel_loads_without_refreshing_numba_and_numba_still_compiles
     assert second["raised"] == "n is larger than out"
     assert second["refreshed"] == []
     assert second["users_own"] == 9.0 and second["refreshed_after"]
+
+
+def test_a_cached_kernel_loads_without_the_runtime_module_or_its_implementations_modules(tmp_path):
+    """Loading needs neither numba's runtime module compiled nor ``numba.np.arrayobj`` (where ``np.empty``, which
+    the kernel calls, is implemented) imported; a numba function compiled afterwards that calls the loaded kernel
+    links it (its bitcode, parsed only then) and runs it."""
+    (tmp_path / "fast_kernels.py").write_text(KERNELS)
+    first = _run(tmp_path)
+    assert first["arrayobj"] and first["runtime_compiled"] and first["called"] == 14
+    second = _run(tmp_path)
+    assert second["hits"] == 1
+    assert not second["arrayobj"] and not second["runtime_compiled"]
+    assert second["called"] == 14
 
 
 EPOCH = textwrap.dedent('''
