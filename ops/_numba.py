@@ -73,7 +73,36 @@ _QUICK: list = []
 def _quick_cache_class():
     if not _QUICK:
         _QUICK.append(_make_quick_cache_class())
+        _type_arrays_without_numpy_ma()
     return _QUICK[0]
+
+
+def _type_arrays_without_numpy_ma() -> None:
+    """numba types an ndarray argument (a kernel's first call with those types) after checking that it is no
+    ``numpy.ma.MaskedArray``, which imports ``numpy.ma`` (~9 ms holding the GIL, while a process's first batch is
+    being made). An array whose type is exactly ``np.ndarray`` is no masked array: it is typed here as numba types
+    it, without the check; any other array is left to numba's own typing."""
+    try:
+        import numpy as np
+        from numba.core import errors, types
+        from numba.core.typing.typeof import typeof_impl
+        from numba.np import numpy_support
+    except ImportError:
+        return
+    numbas = typeof_impl.dispatch(np.ndarray)
+    if getattr(numbas, "__name__", None) != "_typeof_ndarray":  # not numba's as this was written for
+        return
+
+    def typeof_array(val, c):
+        if type(val) is not np.ndarray:
+            return numbas(val, c)
+        try:
+            dtype = numpy_support.from_dtype(val.dtype)
+        except errors.NumbaNotImplementedError:
+            return numbas(val, c)
+        return types.Array(dtype, val.ndim, numpy_support.map_layout(val), readonly=not val.flags.writeable)
+
+    typeof_impl.register(np.ndarray)(typeof_array)
 
 
 _CR_FIELDS = ("typing_context", "target_context", "entry_point", "typing_error", "type_annotation", "signature", "objectmode",

@@ -49,7 +49,16 @@ RUN = textwrap.dedent('''
               "hits": sum(fast_kernels.squares.stats.cache_hits.values()),
               "cache": type(fast_kernels.squares._cache).__name__,
               "refreshed": [m for m in ("numba.np.arraymath", "numba.np.linalg", "scipy.linalg") if m in sys.modules],
-              "arrayobj": "numba.np.arrayobj" in sys.modules}
+              "arrayobj": "numba.np.arrayobj" in sys.modules, "numpy_ma": "numpy.ma" in sys.modules}
+    from numba import typeof
+    readonly = np.arange(6.0).reshape(2, 3)[:, ::2]
+    readonly.flags.writeable = False
+    result["typed"] = [str(typeof(a)) for a in (np.zeros(3, np.int64), readonly, np.zeros((2, 2), order="F"))]
+    try:
+        typeof(np.ma.array(np.zeros(5, np.int64)))
+        result["masked"] = None
+    except Exception as e:
+        result["masked"] = type(e).__name__
     from numba.core.runtime.nrt import rtsys
     result["runtime_compiled"] = rtsys._init
     import numba
@@ -100,6 +109,17 @@ def test_a_cached_kernel_loads_without_the_runtime_module_or_its_implementations
     assert second["hits"] == 1
     assert not second["arrayobj"] and not second["runtime_compiled"]
     assert second["called"] == 14
+
+
+def test_arrays_are_typed_without_importing_numpy_ma_and_masked_arrays_are_still_refused(tmp_path):
+    """numba's typing of an array argument checks for a masked array, which imports ``numpy.ma``; an exact
+    ``np.ndarray`` is typed without it, and a masked array is refused as numba refuses it."""
+    (tmp_path / "fast_kernels.py").write_text(KERNELS)
+    _run(tmp_path)
+    second = _run(tmp_path)
+    assert second["total"] == 30 and not second["numpy_ma"]
+    assert second["typed"] == ["array(int64, 1d, C)", "readonly array(float64, 2d, A)", "array(float64, 2d, F)"]
+    assert second["masked"] == "NumbaTypeError"
 
 
 EPOCH = textwrap.dedent('''
