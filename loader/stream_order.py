@@ -22,7 +22,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..ops.sequence_rows import sequence_rows
+from ..ops.sequence_rows import seeded_permutation, sequence_rows
 from ..pipelines.validate import positive_int
 from .sampler import BatchPlan, LastBatch, Order
 
@@ -165,8 +165,7 @@ class StreamOrder(Order):
     def _chunk_order(self, epoch: int) -> np.ndarray:
         if not self.shuffle:
             return np.arange(self.chunk_rows.size)
-        rng = np.random.Generator(np.random.Philox(key=self.seed, counter=[0, 0, 1, epoch]))
-        groups = rng.permutation(len(self._group_chunks))
+        groups = seeded_permutation(self.seed, (0, 0, 1, epoch), len(self._group_chunks))
         return np.concatenate([self._group_chunks[g] for g in groups])
 
     def _sequence(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -183,8 +182,8 @@ class StreamOrder(Order):
             return np.arange(size)
         key, perm = self._last_window
         if key != (epoch, window):
-            rng = np.random.Generator(np.random.Philox(key=self.seed, counter=[self.rank, window, 2, epoch]))
-            perm = rng.permutation(size)
+            # (NumPy's Philox permutation, made without the GIL: on the batch thread, once per window)
+            perm = seeded_permutation(self.seed, (self.rank, window, 2, epoch), size)
             self._last_window = ((epoch, window), perm)
         return perm
 

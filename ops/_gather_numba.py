@@ -885,17 +885,25 @@ def group_by_chunk(rows, first_row, num_rows, chunks, bounds, local, positions):
 
 
 @kernel
-def touched_chunks(rows, first_row, num_rows, marks):
-    """``marks[c]`` set for each chunk ``c`` holding one of ``rows`` (``first_row`` as ``group_by_chunk`` takes
-    it). Returns False, marking nothing, when a row is not in ``[0, num_rows)``."""
+def touched_chunks(rows, first_row, num_rows, part, parts, out):
+    """The chunks ``c`` holding one of ``rows`` (``first_row`` as ``group_by_chunk`` takes it) with ``c % parts ==
+    part``, increasing, into ``out`` (int64 [>= chunks]); returns how many, or -1, writing nothing, when a row is
+    not in ``[0, num_rows)``."""
     n = rows.shape[0]
     for i in range(n):
         if rows[i] < 0 or rows[i] >= num_rows:
-            return False
+            return -1
+    chunks = first_row.shape[0]
+    marks = np.zeros(chunks, np.bool_)
     top = 1
-    while top * 2 <= first_row.shape[0]:
+    while top * 2 <= chunks:
         top *= 2
     shift = power_step(first_row)
     for i in range(n):
         marks[chunk_at(first_row, top, shift, rows[i])] = True
-    return True
+    count = 0
+    for c in range(part, chunks, parts):
+        if marks[c]:
+            out[count] = c
+            count += 1
+    return count

@@ -284,6 +284,9 @@ def test_touched_chunks_names_each_chunk_holding_a_row(path, first_row, num_rows
     for rows in (rng.integers(0, num_rows, 3000), rng.integers(0, num_rows, 3), np.array([num_rows - 1, 0])):
         want = np.unique(np.searchsorted(first_row, rows, side="right") - 1)
         assert gather_module.touched_chunks(rows.astype(np.int64), first_row, num_rows).tolist() == want.tolist()
+        for part, parts in ((0, 2), (1, 2), (2, 3), (4, 5), (0, 7)):  # one share of them, as a warming plan reads
+            got = gather_module.touched_chunks(rows.astype(np.int64), first_row, num_rows, part, parts)
+            assert got.tolist() == [c for c in want.tolist() if c % parts == part]
     for bad in (-1, num_rows):
         with pytest.raises(IndexError, match=rf"rows must lie in \[0, {num_rows}\)"):
             gather_module.touched_chunks(np.array([0, bad, 1]), first_row, num_rows)
@@ -372,3 +375,35 @@ def test_one_per_row(path):
     assert (lengths == 1).all() and np.array_equal(offsets, np.arange(1002))
     with pytest.raises(ValueError, match="offsets must have len"):
         ops.one_per_row(lengths, offsets[:-1])
+
+
+@needs_numba
+@pytest.mark.parametrize("key, counter", [
+    (0, (0, 0, 2, 0)), (0, (0, 5, 2, 3)), (7, (1, 0, 1, 9)), (2**64 + 3, (0, 2, 2, 1)),
+    (2**128 - 1, (2**63 - 1, 0, 7, 4)), (12345, (2**64 - 2, 0, 0, 0)), (9, (2**64 - 1, 2**64 - 1, 2**64 - 1, 4))])
+def test_seeded_permutation_is_numpys_philox_permutation(key, counter):
+    """The window order a shuffled stream is delivered in, made by the GIL-free kernel: NumPy's own permutation
+    bit for bit, at sizes that need one to all 32 bits of a draw (a draw redrawn while above ``i``), keys of both
+    64-bit words, and counters whose lowest words carry into the next (the kernel itself: NumPy reads a list of
+    counter words past 2**63 through float64, so ``seeded_permutation`` leaves those to NumPy)."""
+    from feedline.ops.sequence_rows import seeded_permutation
+
+    exact = np.array(counter, np.uint64)
+    for size in (0, 1, 2, 3, 17, 1000, 65_536, 65_537, 100_003):
+        if max(counter) < 2**63:
+            expected = np.random.Generator(np.random.Philox(key=key, counter=list(counter))).permutation(size)
+            got = seeded_permutation(key, counter, size)
+            assert got.dtype == np.int64 and np.array_equal(got, expected), (key, counter, size)
+        out = np.empty(size, np.int64)
+        _native.kernels("sequence").seeded_permutation(np.array([key & (2**64 - 1), key >> 64], np.uint64), exact, out)
+        assert np.array_equal(out, np.random.Generator(np.random.Philox(key=key, counter=exact)).permutation(size))
+
+
+def test_seeded_permutation_outside_what_the_kernel_takes_is_numpys(monkeypatch):
+    """A counter word past 64 bits is NumPy's to refuse, with NumPy's error, native kernel or not."""
+    from feedline.ops.sequence_rows import seeded_permutation
+
+    with pytest.raises((ValueError, OverflowError)):
+        seeded_permutation(0, (2**64, 0, 0, 0), 10)
+    with pytest.raises(ValueError):
+        seeded_permutation(-1, (0, 0, 0, 0), 10)

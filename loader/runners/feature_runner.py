@@ -110,8 +110,8 @@ class FeatureRunner:
         all its chunks, so together they read each once; an epoch's last buffer-full may have fewer plans, so
         its last plan asks for all its chunks."""
         # (the table's count now: a gzip table's index may grow while it is read)
-        chunks = touched_chunks(plan.indices, self.source.first_row, self.source.num_rows)  # (a kernel: no GIL held)
-        self._warmed.warm((chunks if plan.last else chunks[chunks % parts == part]).tolist())
+        share = (0, 1) if plan.last else (part, parts)  # (picked in the kernel's pass, which holds no GIL)
+        self._warmed.warm(touched_chunks(plan.indices, self.source.first_row, self.source.num_rows, *share).tolist())
 
     # ---- the CPU part ---------------------------------------------------------------------------------
     def _cpu_data(self, plan: BatchPlan, out: dict[str, np.ndarray], timer: StageTimer = NO_TIMER) -> dict[str, Any]:
