@@ -31,7 +31,7 @@ from ..loader.loader import Loader
 from ..pipelines.criteo import criteo
 from . import pyarrow_baseline, torchrec_baseline
 from .criteo_bench import TABLE_SIZE, cached_note
-from .gil_share import py_spy, record_gil
+from .gil_share import gil_keys, py_spy, record_gil
 from .peak_memory import run_module
 from .side_process import Opened, SideProcess
 from .trainer import ROUND_OVER_READAHEAD
@@ -141,7 +141,7 @@ def bench_criteo_baseline(path: str | os.PathLike, baseline: str, *, batch_size:
             for process in processes.values():
                 process.kill()
     for side in sides:
-        result.update(_side_keys(side, first[side], runs[side], closed[side], gil.get(side)))
+        result.update(_side_keys(side, first[side], runs[side], closed[side], gil.get(side), batch_size))
         if f"{side}_convert_s" in result:
             result[f"{side}_first_epoch_with_convert_rows_per_s"] = result["rows"] / (
                 result[f"{side}_convert_s"] + first[side]["seconds"])
@@ -243,7 +243,7 @@ def _gil(processes: dict[str, SideProcess], folder: Path, step, bar) -> dict[str
     return shares
 
 
-def _side_keys(side: str, first: dict, runs: list[dict], closed: dict, gil: dict | None) -> dict:
+def _side_keys(side: str, first: dict, runs: list[dict], closed: dict, gil: dict | None, batch_size: int) -> dict:
     rates = [r["samples_per_s"] for r in runs]
     keys = {f"{side}_open_s": first["open_s"], f"{side}_first_batch_s": first["first_batch_s"],
             f"{side}_first_epoch_rows_per_s": first["rows"] / first["seconds"],
@@ -251,8 +251,8 @@ def _side_keys(side: str, first: dict, runs: list[dict], closed: dict, gil: dict
             f"{side}_steady_rows_per_s_per_round": [round(r) for r in rates],
             f"{side}_peak_rss_mb": closed["peak_rss_mb"],
             f"{side}_peak_rss_after_first_epoch_mb": first["peak_rss_after_first_epoch_mb"]}
-    if gil is not None:
-        keys[f"{side}_gil_share"] = gil["gil_share"]
+    if gil is not None:  # (the share, and the GIL's milliseconds per batch at the steady rate, per thread kind)
+        keys.update(gil_keys(side, gil, keys[f"{side}_steady_rows_per_s"], batch_size))
     return keys
 
 

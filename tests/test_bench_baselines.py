@@ -146,24 +146,51 @@ def test_gil_samples_are_the_counts_of_a_raw_file(tmp_path):
     assert gil_share.gil_samples(raw) == 12
 
 
+def test_gil_samples_by_thread_kind(tmp_path):
+    """Stacks recorded with thread frames (``--threads``) counted per kind of thread, by the names feedline gives its
+    batch thread and feature workers; a stack without a thread frame, or of another thread, is ``other``."""
+    raw = tmp_path / "gil.txt"
+    raw.write_text("thread (11): feedline-features_0;_work (p.py:9) 4\n"
+                   "thread (12): feedline-features_1;_work (p.py:9) 3\n"
+                   "thread (13): feedline-batches;_run (b.py:1) 2\n"
+                   "thread (10): MainThread;<module> (x.py:1);f (x.py:2) 6\n"
+                   "thread (14): pin_memory;loop (t.py:5) 1\n"
+                   "main (a.py:1) 5\n")
+    assert gil_share.gil_samples_by_thread(raw) == {"workers": 7, "batch": 2, "main": 6, "other": 6}
+    assert gil_share.gil_samples(raw) == 21
+
+
+def test_gil_keys_give_milliseconds_per_batch_per_thread_kind():
+    """At 500 batches a second (2 ms each), a share of 0.25 is 0.5 ms of GIL per batch, split as its threads hold it."""
+    gil = {"gil_share": 0.25, "gil_share_by_thread": {"batch": 0.05, "workers": 0.2}}
+    keys = gil_share.gil_keys("feedline_tsv", gil, rows_per_s=500 * 8192, batch_size=8192)
+    assert keys["feedline_tsv_gil_share"] == 0.25
+    assert keys["feedline_tsv_gil_ms_per_batch"] == pytest.approx(0.5)
+    assert keys["feedline_tsv_gil_ms_per_batch_by_thread"] == pytest.approx({"batch": 0.1, "workers": 0.4})
+    assert keys["feedline_tsv_gil_share_by_thread"] == {"batch": 0.05, "workers": 0.2}
+
+
 def test_gil_share_of_a_spinning_and_a_sleeping_process(tmp_path):
     try:
         gil_share.py_spy()
     except ValueError:
         pytest.skip("py-spy is not installed")
     shares = {}
-    for name, body in (("spin", "while True: sum(range(1000))"), ("sleep", "import time; time.sleep(60)")):
+    # (py-spy names a thread where the process imported ``threading``, as every Loader does)
+    spin = "import threading\nwhile True: sum(range(1000))"
+    for name, body in (("spin", spin), ("sleep", "import time; time.sleep(60)")):
         child = subprocess.Popen([sys.executable, "-c", body])
         try:
             time.sleep(1.0)
             try:
-                shares[name] = gil_share.record_gil(child.pid, 1, tmp_path / f"{name}.txt")["gil_share"]
+                shares[name] = gil_share.record_gil(child.pid, 1, tmp_path / f"{name}.txt")
             except RuntimeError as exc:
                 pytest.skip(f"py-spy cannot attach here: {exc}")
         finally:
             child.kill()
             child.wait()
-    assert shares["spin"] > 0.5 and shares["sleep"] < 0.2
+    assert shares["spin"]["gil_share"] > 0.5 and shares["sleep"]["gil_share"] < 0.2
+    assert shares["spin"]["gil_share_by_thread"]["main"] == shares["spin"]["gil_share"]  # (one thread spins)
 
 
 def bench(tmp_path, argv) -> dict:
