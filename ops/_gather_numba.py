@@ -570,6 +570,96 @@ def prefetch_rows(bases, flag_at, step, first, last):
         _prefetch(flag_at[r])
 
 
+@helper
+def plan_records(layouts, which, picks, steps, flag_steps, lows, flag_bytes, alike):
+    """How the blocks of groups laid out as ``layouts[which[g]]`` are read: each as ``records_of`` describes it
+    (its record bytes, flag bits a row, first flag bit and flag bytes into ``steps``, ``flag_steps``, ``lows``
+    and ``flag_bytes``), and ``alike[j]``: whether pick ``j``'s column has the same type, place in the record and
+    flag bit (from the group's first) in every group, every group's flag bytes a row being the same. Returns
+    False where a group's block is not one ``records_of`` describes."""
+    groups = which.shape[0]
+    same_bytes = True
+    for g in range(groups):
+        s, fs, lo, fb = records_of(layouts[which[g]], picks)
+        if s == 0:
+            return False
+        steps[g], flag_steps[g], lows[g], flag_bytes[g] = s, fs, lo, fb
+        same_bytes = same_bytes and fb == flag_bytes[0]
+    ref = which[0]
+    for j in range(picks.shape[0]):
+        c = picks[j, 0]
+        same = same_bytes
+        for g in range(1, groups):
+            if not same:
+                break
+            k = which[g]
+            same = layouts[k, c, 0] == layouts[ref, c, 0] and layouts[k, c, 1] == layouts[ref, c, 1] \
+                and layouts[k, c, 4] - lows[g] == layouts[ref, c, 4] - lows[0]
+        alike[j] = same
+    return True
+
+
+@helper
+def write_planned(bases, flag_at, order, bounds, layouts, which, steps, lows, flag_bytes, alike, picks, missing_id,
+                  label, dense, ids):
+    """The batch written from its rows' records (row ``i``'s at byte address ``bases[i]``, its flag bytes at
+    ``flag_at[i]``) of the groups ``plan_records`` planned: the picks ``alike`` in every group in the batch's
+    order (``write_records``), any other group by group (group ``g``'s rows: positions ``order[bounds[g]:
+    bounds[g + 1]]``), each value read as its own block lays it out (a table cache's chunks keep each column in
+    the narrowest type holding that chunk's values: one column may be uint8 in one chunk and uint16 in the
+    next). The same bits either way."""
+    picked = picks.shape[0]
+    groups = which.shape[0]
+    same = 0
+    step = 0
+    for j in range(picked):
+        same += alike[j]
+    for g in range(groups):
+        step = max(step, steps[g])  # (a prefetch distance only: a line beyond a record is never read)
+    if same == picked:
+        write_records(bases, flag_at, layouts[which[0]], lows[0], step, flag_bytes[0], picks, missing_id, label,
+                      dense, ids)
+        return
+    if same:
+        these = np.empty((same, 3), np.int64)
+        k = 0
+        for j in range(picked):
+            if alike[j]:
+                these[k, 0], these[k, 1], these[k, 2] = picks[j, 0], picks[j, 1], picks[j, 2]
+                k += 1
+        write_records(bases, flag_at, layouts[which[0]], lows[0], step, flag_bytes[0], these, missing_id, label,
+                      dense, ids)
+    size = 0
+    for g in range(groups):
+        size = max(size, bounds[g + 1] - bounds[g])
+    at = np.empty(size, np.int64)
+    words = np.empty(size, np.uint64)
+    for g in range(groups):
+        layout = layouts[which[g]]
+        m = bounds[g + 1] - bounds[g]
+        where = order[bounds[g]:bounds[g + 1]]
+        for k in range(m):  # the group's rows' records, and their flag bits from the group's first as one word
+            i = where[k]
+            at[k] = bases[i]
+            word = np.uint64(0)
+            for b in range(flag_bytes[g]):
+                word |= np.uint64(_read_u8(flag_at[i] + b)) << np.uint64(8 * b)
+            words[k] = word
+        for j in range(picked):
+            if alike[j]:
+                continue
+            c, target, row = picks[j, 0], picks[j, 1], picks[j, 2]
+            code = layout[c, 0]
+            offset = layout[c, 1] * np.int64(SIZES[code])
+            bit = np.uint64(1) << np.uint64(layout[c, 4] - lows[g])
+            if target == IDS:
+                records_ids(code, offset, bit, at[:m], words[:m], where, missing_id, ids[row])
+            elif target == DENSE:
+                records_reals(code, offset, bit, at[:m], words[:m], where, dense[row])
+            else:  # the label: never missing
+                records_reals(code, offset, np.uint64(0), at[:m], words[:m], where, label)
+
+
 @kernel
 def gather_blocks(addresses, layouts, picks, bounds, local, positions, missing_id, label, dense, ids):
     """``gather_columns`` over many blocks of row records with bit flags in one pass: group ``g``'s rows (entries
@@ -577,38 +667,35 @@ def gather_blocks(addresses, layouts, picks, bounds, local, positions, missing_i
     byte addresses ``addresses[g]`` and whose layout is ``layouts[g]``. Each row's record address and flag byte
     are found first, by position; then the batch is written in its order, a tile of positions at a time (each
     output row front to back once, where a pass per block writes all of them once per block), the records of the
-    rows ``TILES_AHEAD`` tiles ahead asked into L1 meanwhile. Returns False, writing nothing, unless every block
-    is one ``records_of`` describes, with the same record size, flag bits a row, and the picked columns' types,
-    places and flag bits (relative to the block's first) in each."""
+    rows ``TILES_AHEAD`` tiles ahead asked into L1 meanwhile; a column whose type or place differs between the
+    blocks is written group by group (``write_planned``). Returns False, writing nothing, unless every block is
+    one ``records_of`` describes."""
     groups = addresses.shape[0]
     if groups == 0:
         return True
-    first = layouts[0]
-    step, flag_step, low, flag_bytes = records_of(first, picks)
-    if step == 0:
-        return False
-    lows = np.empty(groups, np.int64)
+    which = np.empty(groups, np.int64)
     for g in range(groups):
-        s, fs, lo, fb = records_of(layouts[g], picks)
-        if s != step or fs != flag_step or fb != flag_bytes:
-            return False
-        for j in range(picks.shape[0]):
-            c = picks[j, 0]
-            if layouts[g, c, 0] != first[c, 0] or layouts[g, c, 1] != first[c, 1] \
-                    or layouts[g, c, 4] - lo != first[c, 4] - low:
-                return False
-        lows[g] = lo
+        which[g] = g
+    steps = np.empty(groups, np.int64)
+    flag_steps = np.empty(groups, np.int64)
+    lows = np.empty(groups, np.int64)
+    flag_bytes = np.empty(groups, np.int64)
+    alike = np.empty(picks.shape[0], np.bool_)
+    if not plan_records(layouts, which, picks, steps, flag_steps, lows, flag_bytes, alike):
+        return False
     n = local.shape[0]
     bases = np.empty(n, np.int64)
     flag_at = np.empty(n, np.int64)
     for g in range(groups):
-        address, flags_address, lo = addresses[g, 0], addresses[g, 1], lows[g]
+        address, flags_address, lo, step, flag_step = addresses[g, 0], addresses[g, 1], lows[g], steps[g], \
+            flag_steps[g]
         for k in range(bounds[g], bounds[g + 1]):
             row = local[k]
             i = positions[k]
             bases[i] = address + row * step
             flag_at[i] = flags_address + ((lo + row * flag_step) >> 3)
-    write_records(bases, flag_at, first, low, step, flag_bytes, picks, missing_id, label, dense, ids)
+    write_planned(bases, flag_at, positions, bounds, layouts, which, steps, lows, flag_bytes, alike, picks,
+                  missing_id, label, dense, ids)
     return True
 
 
@@ -621,7 +708,7 @@ def gather_table(rows, first_row, num_rows, addresses, layouts, picks, missing_i
     first, as ``gather_blocks``' first group) and writes the batch as it does (the same reads, the same bits).
     Returns the number of chunks touched (their numbers in ``touched``, in order of first appearance), or, having
     written nothing, -1 where one of them is not cached, -2 where a row is not in ``[0, num_rows)``, -3 where
-    the chunks are not row records laid out alike."""
+    a chunk is not one of row records."""
     n = rows.shape[0]
     for i in range(n):
         if rows[i] < 0 or rows[i] >= num_rows:
@@ -633,41 +720,58 @@ def gather_table(rows, first_row, num_rows, addresses, layouts, picks, missing_i
     while top * 2 <= chunks:
         top *= 2
     shift = power_step(first_row)
-    lows = np.empty(chunks, np.int64)  # each touched chunk's first flag bit (-1: not met yet)
+    slot = np.empty(chunks, np.int64)  # each touched chunk's place in ``touched`` (-1: not met yet)
     for c in range(chunks):
-        lows[c] = -1
-    bases = np.empty(n, np.int64)
-    flag_at = np.empty(n, np.int64)
+        slot[c] = -1
+    group_of = np.empty(n, np.int64)
+    within = np.empty(n, np.int64)
     count = 0
-    ref = 0
-    step, flag_step, low, flag_bytes = 0, 0, 0, 0
     for i in range(n):
         c = chunk_at(first_row, top, shift, rows[i])
-        lo = lows[c]
-        if lo < 0:
+        s = slot[c]
+        if s < 0:
             if c >= addresses.shape[0] or c >= layouts.shape[0] or addresses[c, 0] == 0 \
                     or count == touched.shape[0]:
                 return -1
-            s, fs, lo, fb = records_of(layouts[c], picks)
-            if count == 0:
-                if s == 0:
-                    return -3
-                ref, step, flag_step, low, flag_bytes = c, s, fs, lo, fb
-            else:
-                if s != step or fs != flag_step or fb != flag_bytes:
-                    return -3
-                for j in range(picks.shape[0]):
-                    p = picks[j, 0]
-                    if layouts[c, p, 0] != layouts[ref, p, 0] or layouts[c, p, 1] != layouts[ref, p, 1] \
-                            or layouts[c, p, 4] - lo != layouts[ref, p, 4] - low:
-                        return -3
-            lows[c] = lo
+            s = count
+            slot[c] = s
             touched[count] = c
             count += 1
-        row = rows[i] - first_row[c]
-        bases[i] = addresses[c, 0] + row * step
-        flag_at[i] = addresses[c, 1] + ((lo + row * flag_step) >> 3)
-    write_records(bases, flag_at, layouts[ref], low, step, flag_bytes, picks, missing_id, label, dense, ids)
+        group_of[i] = s
+        within[i] = rows[i] - first_row[c]
+    which = touched[:count]
+    steps = np.empty(count, np.int64)
+    flag_steps = np.empty(count, np.int64)
+    lows = np.empty(count, np.int64)
+    flag_bytes = np.empty(count, np.int64)
+    alike = np.empty(picks.shape[0], np.bool_)
+    if not plan_records(layouts, which, picks, steps, flag_steps, lows, flag_bytes, alike):
+        return -3
+    bases = np.empty(n, np.int64)
+    flag_at = np.empty(n, np.int64)
+    bounds = np.zeros(count + 1, np.int64)
+    for i in range(n):
+        g = group_of[i]
+        c = which[g]
+        row = within[i]
+        bases[i] = addresses[c, 0] + row * steps[g]
+        flag_at[i] = addresses[c, 1] + ((lows[g] + row * flag_steps[g]) >> 3)
+        bounds[g + 1] += 1
+    order = within  # (reused: the positions by group, for the columns written group by group)
+    for j in range(picks.shape[0]):
+        if not alike[j]:
+            for g in range(count):
+                bounds[g + 1] += bounds[g]
+            ends = np.empty(count, np.int64)
+            for g in range(count):
+                ends[g] = bounds[g]
+            for i in range(n):
+                g = group_of[i]
+                order[ends[g]] = i
+                ends[g] += 1
+            break
+    write_planned(bases, flag_at, order, bounds, layouts, which, steps, lows, flag_bytes, alike, picks, missing_id,
+                  label, dense, ids)
     return count
 
 
