@@ -3,7 +3,8 @@ integer columns in the narrowest type holding that chunk's values: one column ui
 next, at another place in the record) are gathered in one native call (``gather_blocks``, ``gather_table``),
 with the bits one ``gather_columns`` per block writes (NumPy's, the reference): columns laid out alike in every
 block in the batch's order, the others block by block. A table read back from its table cache takes that call
-for every batch (the per-block path is not met), with the bits of the table read without a cache."""
+for every batch, by address (its cached chunks found by number, no grouping in Python) or grouped, never the
+per-block path, with the bits of the table read without a cache."""
 from __future__ import annotations
 
 import numpy as np
@@ -157,17 +158,24 @@ def test_a_table_read_back_from_its_table_cache_is_gathered_in_one_call(tmp_path
     settings = CacheSettings(mode="on", directory=str(tmp_path / "cache"))
     writer = open_source(spec.source, cache_rows=ROWS, cache=settings)
     writer.read(np.arange(ROWS))  # every chunk parsed and kept
-    source = open_source(spec.source, cache_rows=ROWS, cache=settings)
+    by_address = open_source(spec.source, cache_rows=ROWS, cache=settings)
+    grouped = open_source(spec.source, cache_rows=ROWS, cache=settings)
+    grouped._by_address = False  # the rows grouped in Python, the blocks gathered in one call
     plain = open_source(spec.source, cache_rows=ROWS)
-    source.warm(list(range(source.chunk_rows.size)))
-    kinds = {source._cache.cached(c).block.layout[:, 0].tobytes() for c in range(source.chunk_rows.size)}
+    for source in (by_address, grouped):
+        source.warm(list(range(source.chunk_rows.size)))
+    kinds = {by_address._cache.cached(c).block.layout[:, 0].tobytes() for c in range(by_address.chunk_rows.size)}
     assert len(kinds) > 1  # the chunks' narrow types differ (else this tests nothing new)
-    answers, per_block = [], []
-    real, real_per_block = chunked.gather_blocks, chunked.ops.gather_columns
+    answers, per_block = {"gather_table": [], "gather_blocks": []}, []
+    real_per_block = chunked.ops.gather_columns
 
-    def counted(*args, **kwargs):
-        answers.append(real(*args, **kwargs))
-        return answers[-1]
+    def counted(name):
+        real = getattr(chunked, name)
+
+        def call(*args, **kwargs):
+            answers[name].append(real(*args, **kwargs))
+            return answers[name][-1]
+        return call
 
     def per_block_gather(*args, **kwargs):
         per_block.append(1)
@@ -177,7 +185,10 @@ def test_a_table_read_back_from_its_table_cache_is_gathered_in_one_call(tmp_path
         rows = np.random.default_rng(seed).permutation(ROWS)[:5000]
         want = gathered(spec, plain, rows)
         with monkeypatch.context() as m:
-            m.setattr(chunked, "gather_blocks", counted)
+            for name in answers:
+                m.setattr(chunked, name, counted(name))
             m.setattr(chunked.ops, "gather_columns", per_block_gather)
-            assert gathered(spec, source, rows) == want
-    assert answers and all(answers) and not per_block
+            assert gathered(spec, by_address, rows) == want
+            assert gathered(spec, grouped, rows) == want
+    assert len(answers["gather_table"]) == 3 and all(a > 1 for a in answers["gather_table"])
+    assert answers["gather_blocks"] == [True] * 3 and not per_block

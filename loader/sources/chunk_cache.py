@@ -43,11 +43,11 @@ class ChunkCache:
         self._cached_rows = 0
         self._lock = threading.Lock()
         self._loading = SingleFlight(self._lock)
-        # Where the cached chunks that are buffers of row records with bit flags (a converted table's) lie, by
-        # chunk number (``addressed``): their (data, flags) addresses, 0 where a chunk is not cached or not such
-        # a block, and their layouts (kept: a chunk's layout is the same at every read). (A text table read back
-        # from its table cache is not: its chunks' column types differ from chunk to chunk.)
-        self._addresses = np.zeros((chunk_rows.size, 2), np.int64) if reads_into else None
+        # Where the cached chunks that are buffers of row records with bit flags (a converted table's, a text
+        # table's kept by its table cache) and no bad rows lie, by chunk number (``addressed``): their (data,
+        # flags) addresses, 0 where a chunk is not cached or not such a block, and their layouts (kept: a chunk's
+        # layout is the same at every read; a table cache's differ from chunk to chunk, as ``gather_table`` takes).
+        self._addresses = np.zeros((chunk_rows.size, 2), np.int64)
         self._layouts: np.ndarray | None = None
         self._addressed = 0  # chunks with an address
 
@@ -141,7 +141,7 @@ class ChunkCache:
         """(Holding the lock.) Chunk ``c`` cached, the least lately used dropped past ``limit_rows`` rows."""
         self._cache[c] = chunk
         self._cached_rows += int(self._chunk_rows[c])
-        if self._addresses is not None:
+        if not chunk.any_bad:  # (a bad row is noted by the grouped gather)
             self._address(c, chunk.block)
         while self._cached_rows > self.limit_rows and len(self._cache) > 1:
             old, dropped = self._cache.popitem(last=False)

@@ -9,8 +9,9 @@ their size.
 
 A cached chunk keeps its scalar columns as one ``ops.ColumnBlock`` (a parsed block as it came, or a converted
 table's chunk as it was read from disk), so ``gather`` writes a batch's rows straight from the cache into the
-batch's arrays, no per-column arrays in between: one native pass over all the chunks the batch touches where they
-are a converted table's (``ops.gather_columns.gather_blocks``), else one per chunk.
+batch's arrays, no per-column arrays in between: one native call over all the chunks the batch touches where they
+are row records (a converted table's, or a text table's kept by its table cache: ``ops.gather_columns.gather_table``
+finds them by number, ``gather_blocks`` takes them grouped), else one per chunk.
 """
 from __future__ import annotations
 
@@ -489,10 +490,10 @@ def _no_bad_rows(n: int) -> np.ndarray:
 
 
 def _gather_by_address(cache, rows, first_row, num_rows, picks, missing_id, label, dense, ids):
-    """A converted table's cached chunks read by address in one native call that also groups the rows
-    (``gather_table``): no grouping arrays, chunk lists or addresses made per batch. None where no chunk has an
-    address, else the kernel's answer (>= 0: done; -1 a chunk not cached, -2 rows out of range, -3 not laid out
-    for it)."""
+    """The cached chunks of row records (a converted table's, a table cache's) read by address in one native call
+    that also groups the rows (``gather_table``): no grouping arrays, chunk lists or addresses made per batch. None
+    where no chunk has an address, else the kernel's answer (>= 0: done; -1 a chunk not cached (or with bad rows),
+    -2 rows out of range, -3 not row records)."""
     addressed = cache.addressed()
     if addressed is None:
         return None
