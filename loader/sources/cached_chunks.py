@@ -273,13 +273,62 @@ def write(folder: str, chunk: int, pieces: list) -> int:
     return write_file(os.path.join(folder, chunk_name(chunk)), pieces)
 
 
-def read(folder: str, chunk: int, key: bytes, rows: int, columns: int, list_names: tuple[str, ...]
-         ) -> StoredChunk | None:
+class Known:
+    """What a chunk file was when last read whole or written (``read``'s ``known``, kept by its caller): where
+    it lies, its key, rows, size, header bytes, records' bytes and block layout, and its rest (after the
+    records) where that is the plain one (no bad rows, no list columns; others are not noted). A later read of
+    a file with that size, header and rest is that chunk again, so ``read`` compares those bytes instead of
+    decoding the header and the rest once more: a few steps under the GIL a chunk. (One value, replaced whole:
+    threads may share it.)"""
+
+    __slots__ = ("noted",)
+
+    def __init__(self):
+        self.noted: _Noted | None = None
+
+    def note(self, path: str, key: bytes, rows: int, size: int, head: bytes, records: int, layout: np.ndarray,
+             parse_s: float, rest: bytes | None) -> None:
+        self.noted = None if rest is None else _Noted(path, key, rows, size, head, records, layout, parse_s, rest)
+
+
+class _Noted(NamedTuple):
+    path: str
+    key: bytes
+    rows: int
+    size: int
+    head: bytes
+    records: int
+    layout: np.ndarray
+    parse_s: float
+    rest: bytes
+
+
+def note_written(known: Known, folder: str, chunk: int, key: bytes, size: int, made: Encoded,
+                 parse_s_per_row: float) -> None:
+    """``known`` is the chunk file ``write`` just wrote (``size`` bytes) from ``made`` (``encoded``'s, with ``key``
+    and ``parse_s_per_row``)."""
+    head, records = made.pieces[0], made.pieces[1]
+    plain = len(made.pieces) == 4 and made.pieces[3] is _NOTHING
+    known.note(os.path.join(folder, chunk_name(chunk)), key, made.block.rows, size, head, records.size,
+               made.block.layout, float(parse_s_per_row), made.pieces[2] + _NOTHING if plain else None)
+
+
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+
+
+def read(folder: str, chunk: int, key: bytes, rows: int, columns: int, list_names: tuple[str, ...],
+         known: Known | None = None) -> StoredChunk | None:
     """Chunk ``chunk`` of ``rows`` rows from ``folder``, or None where it is absent or not a whole chunk file of
-    this key and shape."""
+    this key and shape. ``known``: what this chunk's file was when last read or written, for this key and rows
+    (a file read whole is noted there)."""
+    noted = None if known is None else known.noted
+    if noted is not None and noted.key == key and noted.rows == rows:
+        stored = _read_noted(noted)
+        if stored is not None:
+            return stored
+    path = os.path.join(folder, chunk_name(chunk))
     try:
-        fd = os.open(os.path.join(folder, chunk_name(chunk)),
-                     os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, _READ_FLAGS)
     except OSError:
         return None
     head_size = header_bytes(columns)
@@ -309,7 +358,37 @@ def read(folder: str, chunk: int, key: bytes, rows: int, columns: int, list_name
         return None
     bad, reasons, lists = described
     block = ops.ColumnBlock(data, data, _placed(*shape, rows), rows)
+    if known is not None:
+        plain = not num_bad and not list_names
+        known.note(path, key, rows, size, bytes(head), records_size, block.layout, parse_s,
+                   data[records_size:].tobytes() if plain else None)
     return StoredChunk(block, lists, bad, reasons, parse_s, size)
+
+
+def _read_noted(noted: _Noted) -> StoredChunk | None:
+    """``read`` of a known chunk file that still has the size, header bytes and rest it had when noted; None
+    otherwise (then read whole)."""
+    try:
+        fd = os.open(noted.path, _READ_FLAGS)
+    except OSError:
+        return None
+    try:
+        size = noted.size
+        if os.fstat(fd).st_size != size:
+            return None
+        head = bytearray(len(noted.head))
+        data = np.empty(size - len(head), dtype=np.uint8)
+        if os.preadv(fd, [head, data], 0) != size or head != noted.head:
+            return None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if data[noted.records:].tobytes() != noted.rest:
+        return None
+    rows = noted.rows
+    return StoredChunk(ops.ColumnBlock(data, data, noted.layout, rows), {}, np.zeros(rows, dtype=bool), {},
+                       noted.parse_s, size)
 
 
 _shapes: dict[bytes, tuple[RecordLayout, np.ndarray] | None] = {}

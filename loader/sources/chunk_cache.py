@@ -50,6 +50,7 @@ class ChunkCache:
         self._addresses = np.zeros((chunk_rows.size, 2), np.int64)
         self._layouts: np.ndarray | None = None
         self._addressed = 0  # chunks with an address
+        self._bit_flags = ((), b"")  # the shape and flag kinds of the last layout found all BIT_FLAGS
 
     def grow(self, chunk_rows: np.ndarray, limit_rows: int) -> None:
         """The table has more chunks (an index built while read): ``chunk_rows`` extends the one given before."""
@@ -83,9 +84,10 @@ class ChunkCache:
         if not isinstance(block, ops.ColumnBlock):
             return
         layout = block.layout
-        if layout.ndim != 2 or layout.shape[1] != 6 or not layout.shape[0] \
-                or layout[:, 3].min() != BIT_FLAGS or layout[:, 3].max() != BIT_FLAGS:
-            return  # (row-major blocks with byte flags, as version-1 tables' chunks: found by grouping)
+        if layout.shape != self._bit_flags[0] or layout[:, 3].tobytes() != self._bit_flags[1]:
+            if layout.ndim != 2 or layout.shape[1] != 6 or not layout.shape[0] or (layout[:, 3] != BIT_FLAGS).any():
+                return  # (row-major blocks with byte flags, as version-1 tables' chunks: found by grouping)
+            self._bit_flags = (layout.shape, layout[:, 3].tobytes())
         if self._layouts is None:
             self._layouts = np.zeros((self._addresses.shape[0], *layout.shape), np.int64)
         elif layout.shape != self._layouts.shape[1:]:

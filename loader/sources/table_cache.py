@@ -117,7 +117,7 @@ class CachedTextFormat(TextFormat):
             self._row_bytes = 0.0
             first = next(iter(self._indexes), None)
             if first is not None and self.cache.expected() and self._indexes[first].rows.size:
-                layout = self.cache.stored_layout(first, 0, _bounds(self._indexes[first], 0))
+                layout = self.cache.stored_layout(first, self._indexes[first], 0)
                 if layout is None:
                     try:
                         parsed = self.load(first, self._indexes[first], 0)
@@ -147,7 +147,7 @@ class CachedTextFormat(TextFormat):
             return packed, ParsedChunk(np.ascontiguousarray(ints, dtype=np.int64), floats,
                                        np.asarray(parsed.missing, dtype=bool), packed.lists, packed.bad,
                                        packed.reasons)
-        return self.cache.load(path, chunk, _bounds(index, chunk), parse)
+        return self.cache.load(path, index, chunk, parse)
 
     @property
     def cache_decision(self) -> CacheDecision:
@@ -181,6 +181,19 @@ class _File:
         self.folder: str | None = None  # where this process writes ("" when nowhere can be)
         self.identity = None if fingerprint is None else (fingerprint.size, fingerprint.mtime_ns,
                                                           fingerprint.ctime_ns, fingerprint.inode, fingerprint.device)
+        self._by_number: dict[int, _Chunk] = {}  # by chunk number, for the index ``_of`` (the latest asked with)
+        self._of = None
+
+    def chunk(self, index: ChunkIndex, chunk: int) -> _Chunk:
+        """Chunk ``chunk`` of the file indexed as ``index``: its key and rows worked out once (again for an index
+        that grew: a lazily indexed file's)."""
+        if index is not self._of:
+            self._by_number, self._of = {}, index
+        got = self._by_number.get(chunk)
+        if got is None:
+            bounds = _bounds(index, chunk)
+            got = self._by_number[chunk] = _Chunk(None if self.key is None else _chunk_key(self.key, bounds), bounds[3])
+        return got
 
     def unchanged(self) -> bool:
         try:
@@ -212,6 +225,16 @@ class _File:
         where = "; ".join(errors) if errors else "no folder"
         return "", (f"no folder for the cache of {self.path} can be written ({where}); set {INDEX_DIR_ENV} or "
                     f"CacheSettings.directory to a writable folder")
+
+
+class _Chunk:
+    """A chunk of a cached file: its chunk file's key (None: not cached), rows, and what its chunk file was when
+    last read or written, and where (``cached_chunks.Known``; ``folder``: None until then)."""
+
+    __slots__ = ("key", "rows", "folder", "known")
+
+    def __init__(self, key: bytes | None, rows: int):
+        self.key, self.rows, self.folder, self.known = key, rows, None, cached_chunks.Known()
 
 
 class TableCache:
@@ -274,39 +297,47 @@ class TableCache:
         return self.settings.mode is CacheMode.ON or (self.settings.mode is CacheMode.AUTO
                                                       and self.rows > self.memory_rows)
 
-    def stored_layout(self, path: str, chunk: int, bounds: tuple[int, int, int, int]):
+    def stored_layout(self, path: str, index: ChunkIndex, chunk: int):
         f = self.files[path]
-        for folder in f.readable if f.key is not None else ():
-            layout = cached_chunks.stored_layout(folder, chunk, _chunk_key(f.key, bounds), self._shape[0])
+        key = f.chunk(index, chunk).key
+        for folder in f.readable if key is not None else ():
+            layout = cached_chunks.stored_layout(folder, chunk, key, self._shape[0])
             if layout is not None:
                 return layout
         return None
 
-    def load(self, path: str, chunk: int, bounds: tuple[int, int, int, int], parse) -> PackedChunk:
-        """Chunk ``chunk`` (``bounds``: its bytes, first line and rows) from the cache, else ``parse()``d (and
-        kept while the cache is wanted)."""
+    def load(self, path: str, index: ChunkIndex, chunk: int, parse) -> PackedChunk:
+        """Chunk ``chunk`` of ``path`` (indexed as ``index``) from the cache, else ``parse()``d (and kept while the
+        cache is wanted)."""
         f = self.files[path]
-        rows = bounds[3]
+        c = f.chunk(index, chunk)
         if self._first:
             self._start()
-        if self._state == "off" or f.key is None or not rows or not f.unchanged():
+        if self._state == "off" or c.key is None or not c.rows or not f.unchanged():
             return parse()[0]
-        key = _chunk_key(f.key, bounds)
+        if self._state == "using" and c.folder is not None:  # (decided, and known: what every later epoch reads)
+            stored = cached_chunks.read(c.folder, chunk, c.key, c.rows, *self._shape, c.known)
+            if stored is not None:
+                return PackedChunk(stored.block, stored.lists, stored.bad, stored.reasons, bool(stored.reasons))
+        return self._read_or_parse(f, c, chunk, parse)
+
+    def _read_or_parse(self, f: _File, c: _Chunk, chunk: int, parse) -> PackedChunk:
         started = time.perf_counter()
         for folder in f.readable:
-            stored = cached_chunks.read(folder, chunk, key, rows, *self._shape)
+            stored = cached_chunks.read(folder, chunk, c.key, c.rows, *self._shape, c.known)
             if stored is not None:
-                self._note(read=(time.perf_counter() - started) / rows, parse=stored.parse_s_per_row,
-                           row_bytes=stored.nbytes / rows)
-                return PackedChunk(stored.block, stored.lists, stored.bad, stored.reasons, bool(stored.bad.any()))
+                c.folder = folder
+                self._note(read=(time.perf_counter() - started) / c.rows, parse=stored.parse_s_per_row,
+                           row_bytes=stored.nbytes / c.rows)
+                return PackedChunk(stored.block, stored.lists, stored.bad, stored.reasons, bool(stored.reasons))
         started = time.perf_counter()
         packed, parsed = parse()
-        parse_s = (time.perf_counter() - started) / rows
+        parse_s = (time.perf_counter() - started) / c.rows
         self._note(parse=parse_s)
         if self._state == "off" or not self._writing:
             return packed
-        made = cached_chunks.encoded(parsed, key, parse_s)
-        self._keep(f, chunk, key, rows, made.pieces)
+        made = cached_chunks.encoded(parsed, c.key, parse_s)
+        self._keep(f, c, chunk, made, parse_s)
         # Gathered from the records kept, as when read back: narrower than the parsed block, and what the table's
         # plan (``cached_row_bytes``) was made for.
         return packed._replace(block=made.block)
@@ -327,16 +358,19 @@ class TableCache:
                     _what(self.files), self.settings.mode.value, measured=False)
                 log.info("feedline: %s: %s", self.decision.what, self.decision.reason)
 
-    def _keep(self, f: _File, chunk: int, key: bytes, rows: int, pieces: list) -> None:
-        """A parsed chunk's file (``cached_chunks.encode``) written to the cache (and, while deciding, read back
+    def _keep(self, f: _File, c: _Chunk, chunk: int, made: cached_chunks.Encoded, parse_s: float) -> None:
+        """A parsed chunk's file (``cached_chunks.encoded``) written to the cache (and, while deciding, read back
         and timed)."""
         folder, why = f.writable_folder()
         if not folder:
             if not any(other.folder != "" for other in self.files.values()):
                 self._stop(why)
             return
+        key, rows = c.key, c.rows
         try:
-            size = cached_chunks.write(folder, chunk, pieces)
+            size = cached_chunks.write(folder, chunk, made.pieces)
+            cached_chunks.note_written(c.known, folder, chunk, key, size, made, parse_s)
+            c.folder = folder
         except OSError as e:
             self._stop(f"writing the cache of {f.path} in {folder} failed: {e.strerror or e}")
             return
@@ -350,7 +384,7 @@ class TableCache:
             return
         if measuring:
             started = time.perf_counter()
-            stored = cached_chunks.read(folder, chunk, key, rows, *self._shape)
+            stored = cached_chunks.read(folder, chunk, key, rows, *self._shape, c.known)
             if stored is not None:
                 self._note(read=(time.perf_counter() - started) / rows, row_bytes=size / rows)
 
