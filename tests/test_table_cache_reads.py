@@ -130,3 +130,20 @@ def test_a_known_chunk_file_reads_back_what_a_whole_read_gives(tmp_path):
     stored = cached_chunks.read(folder, 4, key, rows, 7, ("tags",), other)
     assert other.noted is None and stored.reasons == {4: "why"} and np.array_equal(stored.lists["tags"].values,
                                                                                      np.arange(rows))
+
+
+def test_the_chunk_parsed_for_the_plan_is_not_parsed_again(made, tmp_path, monkeypatch):
+    calls = Calls(monkeypatch, (tsv.TsvFormat, "parse"))
+    plain = loader_of(copy(made, "day.tsv", tmp_path / "plain"), "off")
+    expected = epoch_digest(plain)
+    plain.close()
+    calls.take()
+    path = copy(made, "day.tsv", tmp_path / "cached")
+    loader = loader_of(path, "on")
+    assert loader.source.cached_row_bytes < 9 * 40  # its plan made from chunk 0's narrow records (parsed for it)
+    assert calls.take()["parse"] == 1
+    assert epoch_digest(loader) == expected
+    assert calls.take()["parse"] == 8 and len(chunk_files(path)) == 9  # chunk 0's parse used, not made again
+    head = open(chunk_files(path)[0], "rb").read(cached_chunks.HEADER.size)
+    assert cached_chunks.HEADER.unpack(head)[7] > 0  # the seconds a row took to parse, its parse at opening counted
+    loader.close()

@@ -74,6 +74,9 @@ class CachedTextFormat(TextFormat):
         self.cache = TableCache(settings, memory_rows, scalars, lists)
         self._indexes: dict[str, ChunkIndex] = {}
         self._row_bytes: float | None = None
+        # The chunk ``cached_row_bytes`` parsed (path, chunk, bounds, parsed, seconds), for its first load to use.
+        self._parsed_first: tuple | None = None
+        self._parsed_first_lock = threading.Lock()
         threading.Thread(target=_warm_up, name="feedline-table-cache-warm-up", daemon=True).start()
 
     def index(self, path: str) -> ChunkIndex:
@@ -112,17 +115,22 @@ class CachedTextFormat(TextFormat):
     def cached_row_bytes(self, path: str) -> float | None:
         """Bytes a row of a kept chunk takes where the cache is to be read (``ChunkedTable`` plans its gathers by
         it: narrow records are gathered as they are, not first prepared, as a converted table's), from a kept
-        chunk's header or else the first chunk parsed; None (a parsed block's) where it is not to be read."""
+        chunk's header or else the first chunk parsed (then handed to its first load, not parsed again); None (a
+        parsed block's) where it is not to be read."""
         if self._row_bytes is None:
             self._row_bytes = 0.0
             first = next(iter(self._indexes), None)
             if first is not None and self.cache.expected() and self._indexes[first].rows.size:
-                layout = self.cache.stored_layout(first, self._indexes[first], 0)
+                index = self._indexes[first]
+                layout = self.cache.stored_layout(first, index, 0)
                 if layout is None:
+                    started = time.perf_counter()
                     try:
-                        parsed = self.load(first, self._indexes[first], 0)
+                        parsed = self.load(first, index, 0)
                     except (RowError, OSError):  # (met again, and said, when the chunk is read)
                         parsed = None
+                    if parsed is not None:
+                        self._parsed_first = (first, 0, _bounds(index, 0), parsed, time.perf_counter() - started)
                     if parsed is not None and parsed.ints is not None:
                         floats = 0 if parsed.floats is None else parsed.floats.shape[1]
                         layout = cached_chunks.layout_of(np.ascontiguousarray(parsed.ints, np.int64), floats)
@@ -138,16 +146,29 @@ class CachedTextFormat(TextFormat):
 
     def load_packed(self, path: str, index: ChunkIndex, chunk: int, pack) -> PackedChunk:
         """Chunk ``chunk`` as ``ChunkedTable`` keeps it: read from the cache, or parsed and packed by ``pack``."""
-        def parse() -> tuple[PackedChunk, ParsedChunk]:
-            parsed = self.load(path, index, chunk)
+        def parse() -> tuple[PackedChunk, ParsedChunk, float]:
+            started = time.perf_counter()
+            parsed, before = self._parsed_first_taken(path, index, chunk) if self._parsed_first else (None, 0.0)
+            if parsed is None:
+                parsed = self.load(path, index, chunk)
             packed = pack(parsed)
             rows = packed.bad.size
             ints = np.zeros((rows, 0), np.int64) if parsed.ints is None else parsed.ints
             floats = np.zeros((rows, 0), np.float64) if parsed.floats is None else parsed.floats
             return packed, ParsedChunk(np.ascontiguousarray(ints, dtype=np.int64), floats,
                                        np.asarray(parsed.missing, dtype=bool), packed.lists, packed.bad,
-                                       packed.reasons)
+                                       packed.reasons), before + time.perf_counter() - started
         return self.cache.load(path, index, chunk, parse)
+
+    def _parsed_first_taken(self, path: str, index: ChunkIndex, chunk: int):
+        """(The parse of chunk ``chunk`` that ``cached_row_bytes`` made, where this is that chunk, and the seconds
+        it took; else (None, 0.0).) Taken once."""
+        with self._parsed_first_lock:
+            held = self._parsed_first
+            if held is None or held[:3] != (path, chunk, _bounds(index, chunk)):
+                return None, 0.0
+            self._parsed_first = None
+        return held[3], held[4]
 
     @property
     def cache_decision(self) -> CacheDecision:
@@ -308,7 +329,7 @@ class TableCache:
 
     def load(self, path: str, index: ChunkIndex, chunk: int, parse) -> PackedChunk:
         """Chunk ``chunk`` of ``path`` (indexed as ``index``) from the cache, else ``parse()``d (and kept while the
-        cache is wanted)."""
+        cache is wanted): ``parse()`` gives the chunk packed, as parsed, and the seconds parsing it took."""
         f = self.files[path]
         c = f.chunk(index, chunk)
         if self._first:
@@ -330,9 +351,8 @@ class TableCache:
                 self._note(read=(time.perf_counter() - started) / c.rows, parse=stored.parse_s_per_row,
                            row_bytes=stored.nbytes / c.rows)
                 return PackedChunk(stored.block, stored.lists, stored.bad, stored.reasons, bool(stored.reasons))
-        started = time.perf_counter()
-        packed, parsed = parse()
-        parse_s = (time.perf_counter() - started) / c.rows
+        packed, parsed, seconds = parse()
+        parse_s = seconds / c.rows
         self._note(parse=parse_s)
         if self._state == "off" or not self._writing:
             return packed
