@@ -69,3 +69,16 @@ def test_a_failure_reaches_the_waiters_only_when_shared(share_error):
         t.join()
     expected = ("error", "chunk a could not be read") if share_error else ("value", None)
     assert got == [expected] * 2 and kept == [] and "a" not in flights
+
+
+def test_a_load_builds_no_condition(monkeypatch):
+    """(Per chunk loaded: a claim and a run take a lock, not a threading.Event with its Condition.)"""
+    built = []
+    real = threading.Condition.__init__
+    monkeypatch.setattr(threading.Condition, "__init__", lambda self, *a: built.append(1) or real(self, *a))
+    lock = threading.Lock()
+    flights = SingleFlight(lock)
+    with lock:
+        flight, mine = flights.claim(3)
+    assert mine and flights.run(3, flight, lambda: "chunk 3") == "chunk 3" and flight.wait() == "chunk 3"
+    assert built == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections import OrderedDict
+from functools import partial
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -123,7 +124,7 @@ class ChunkCache:
             loading, mine = self._loading.claim(c)
         if not mine:
             return loading.wait()
-        return self._loading.run(c, loading, lambda: load(c), keep=lambda chunk: self._keep(c, chunk))
+        return self._loading.run(c, loading, partial(load, c), keep=partial(self._keep, c))  # (no Python frames)
 
     def get_all(self, chunks: list[int], load: Callable[[int], PackedChunk]) -> list[PackedChunk]:
         """``get`` of each of ``chunks``, in order: one look under the lock when all are cached (as they mostly

@@ -202,18 +202,18 @@ class _File:
         self.folder: str | None = None  # where this process writes ("" when nowhere can be)
         self.identity = None if fingerprint is None else (fingerprint.size, fingerprint.mtime_ns,
                                                           fingerprint.ctime_ns, fingerprint.inode, fingerprint.device)
-        self._by_number: dict[int, _Chunk] = {}  # by chunk number, for the index ``_of`` (the latest asked with)
-        self._of = None
+        self.by_number: dict[int, _Chunk] = {}  # ``chunk``'s, for the index ``numbered`` (the latest asked with)
+        self.numbered = None
 
     def chunk(self, index: ChunkIndex, chunk: int) -> _Chunk:
         """Chunk ``chunk`` of the file indexed as ``index``: its key and rows worked out once (again for an index
         that grew: a lazily indexed file's)."""
-        if index is not self._of:
-            self._by_number, self._of = {}, index
-        got = self._by_number.get(chunk)
+        if index is not self.numbered:
+            self.by_number, self.numbered = {}, index
+        got = self.by_number.get(chunk)
         if got is None:
             bounds = _bounds(index, chunk)
-            got = self._by_number[chunk] = _Chunk(None if self.key is None else _chunk_key(self.key, bounds), bounds[3])
+            got = self.by_number[chunk] = _Chunk(None if self.key is None else _chunk_key(self.key, bounds), bounds[3])
         return got
 
     def unchanged(self) -> bool:
@@ -331,7 +331,9 @@ class TableCache:
         """Chunk ``chunk`` of ``path`` (indexed as ``index``) from the cache, else ``parse()``d (and kept while the
         cache is wanted): ``parse()`` gives the chunk packed, as parsed, and the seconds parsing it took."""
         f = self.files[path]
-        c = f.chunk(index, chunk)
+        c = f.by_number.get(chunk) if index is f.numbered else None  # (f.chunk's lookup, inline: every load)
+        if c is None:
+            c = f.chunk(index, chunk)
         if self._first:
             self._start()
         if self._state == "off" or c.key is None or not c.rows or not f.unchanged():
