@@ -129,3 +129,33 @@ def gather_rows(addresses, chunk_rows, width, has_label, chunk, local, label, de
         for j in range(k2):
             more[j, i] = words[first_id + k + j]
     return -1
+
+
+@kernel
+def least_recently_read(kept, pins, read, stamps, since, chunk_rows, excess, out):
+    """The chunks to drop until ``excess`` rows are gone into ``out``, in order; returns how many."""
+    n = 0
+    gone = 0
+    while gone < excess and n < out.shape[0]:
+        best = -1
+        for c in range(kept.shape[0]):
+            if not kept[c] or pins[c] != 0:
+                continue
+            taken = False
+            for k in range(n):
+                taken |= out[k] == c
+            if taken:
+                continue
+            if best < 0:
+                best = c
+            elif read[c] != read[best]:
+                if read[c]:  # (read ones go first)
+                    best = c
+            elif stamps[c] < stamps[best] or (stamps[c] == stamps[best] and since[c] < since[best]):
+                best = c
+        if best < 0:
+            break
+        out[n] = best
+        n += 1
+        gone += chunk_rows[best]
+    return n

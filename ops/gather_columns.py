@@ -15,6 +15,7 @@ the same bits.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -50,17 +51,17 @@ class ColumnBlock(NamedTuple):
         copied into one buffer."""
         rows, columns = values.shape
         more = 0 if floats is None else floats.shape[1]
+        if not more:  # (a layout made once per type and column count, shared: ~13 us a chunk to build)
+            return cls(values.reshape(-1).view(np.uint8), missing.reshape(-1).view(np.uint8),
+                       _row_major_layout(CODES[values.dtype], columns), rows)
         width = columns + more
         layout = [(CODES[values.dtype], c, columns, BYTE_FLAGS, c, width) for c in range(columns)]
-        if not more:
-            data = values.reshape(-1).view(np.uint8)
-        else:
-            data = np.empty(rows * width * 8, dtype=np.uint8)
-            split = rows * columns * values.itemsize
-            data[:split] = values.reshape(-1).view(np.uint8)
-            data[split:] = np.ascontiguousarray(floats, dtype=np.float64).reshape(-1).view(np.uint8)
-            layout += [(CODES[np.dtype(np.float64)], rows * columns + c, more, BYTE_FLAGS, columns + c, width)
-                       for c in range(more)]
+        data = np.empty(rows * width * 8, dtype=np.uint8)
+        split = rows * columns * values.itemsize
+        data[:split] = values.reshape(-1).view(np.uint8)
+        data[split:] = np.ascontiguousarray(floats, dtype=np.float64).reshape(-1).view(np.uint8)
+        layout += [(CODES[np.dtype(np.float64)], rows * columns + c, more, BYTE_FLAGS, columns + c, width)
+                   for c in range(more)]
         return cls(data, missing.reshape(-1).view(np.uint8), np.array(layout, dtype=np.int64).reshape(width, 6), rows)
 
     @classmethod
@@ -74,6 +75,12 @@ class ColumnBlock(NamedTuple):
         layout = [(CODES[np.dtype(d)], o // np.dtype(d).itemsize, record // np.dtype(d).itemsize, BIT_FLAGS,
                    8 * flags_at + int(b), 8 * flag_bytes) for d, o, b in zip(dtypes, offsets, flag_bits)]
         return cls(data, data, np.array(layout, dtype=np.int64).reshape(len(layout), 6), rows)
+
+
+@functools.lru_cache(maxsize=None)
+def _row_major_layout(code: int, columns: int) -> np.ndarray:
+    """``ColumnBlock.row_major``'s layout of ``columns`` columns of type ``code`` and no floats (never written)."""
+    return np.array([(code, c, columns, BYTE_FLAGS, c, columns) for c in range(columns)], np.int64).reshape(columns, 6)
 
 
 def gather_picks(label: int | None, dense, ids) -> np.ndarray:

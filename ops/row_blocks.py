@@ -27,6 +27,7 @@ _NO_FLOATS = np.zeros(0, dtype=np.float32)
 _NO_ROWS = np.zeros((0, 0), dtype=np.float32)
 _NO_IDS = np.zeros((0, 0), dtype=np.int64)
 MAX_ID = MAX_UINT32
+_F32, _I64, _U32 = np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.uint32)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,13 @@ def _or_empty(label, dense, ids, more):
 
 
 def _check(layout: RowLayout, n: int, label, dense, ids, more) -> None:
+    if label.shape == ((n,) if layout.label else (0,)) and dense.shape == ((n, layout.dense) if layout.dense else (0, 0)) \
+            and ids.shape == ((layout.ids, n) if layout.ids else (0, 0)) \
+            and more.shape == ((layout.more, n) if layout.more else (0, 0)) \
+            and label.dtype == _F32 and dense.dtype == _F32 and ids.dtype == _I64 and more.dtype == _I64 \
+            and label.flags.c_contiguous and dense.flags.c_contiguous and ids.flags.c_contiguous \
+            and more.flags.c_contiguous:
+        return  # (all as wanted, seen without building the table below: ~2 us a call, a few a batch)
     wanted = (("label", label, (n,) if layout.label else (0,), np.float32),
               ("dense", dense, (n, layout.dense) if layout.dense else (0, 0), np.float32),
               ("ids", ids, (layout.ids, n) if layout.ids else (0, 0), np.int64),
@@ -77,10 +85,10 @@ def pack_rows(block: np.ndarray, start: int, layout: RowLayout, *, label=None, d
     float32 [n], ``dense`` float32 [n, D], ``ids`` and ``more`` int64 [K, n] holding values in [0, 2**32)
     (a ``ValueError`` otherwise). Arrays the layout has no words for are left out (None)."""
     label, dense, ids, more = _or_empty(label, dense, ids, more)
-    n = next((a.shape[0] for a, used in ((label, layout.label), (dense, layout.dense)) if used),
-             next((a.shape[1] for a, used in ((ids, layout.ids), (more, layout.more)) if used), 0))
+    n = label.shape[0] if layout.label else dense.shape[0] if layout.dense else ids.shape[1] if layout.ids else \
+        more.shape[1] if layout.more else 0
     _check(layout, n, label, dense, ids, more)
-    if block.dtype != np.uint32 or block.ndim != 2 or block.shape[1] != layout.width \
+    if block.dtype != _U32 or block.ndim != 2 or block.shape[1] != layout.width \
             or not block.flags.c_contiguous or not 0 <= start <= block.shape[0] - n:
         raise ValueError(f"block must be a C-contiguous uint32 array of {layout.width} words a row with rows "
                          f"{start}..{start + n}, got {block.dtype} {block.shape}")
@@ -119,18 +127,41 @@ class RowBlocks:
         self.addresses = np.zeros(self.chunk_rows.size, dtype=np.int64)  # 0: no block
         self.blocks: list[np.ndarray | None] = [None] * self.chunk_rows.size
 
-    def set(self, chunk: int, block: np.ndarray) -> None:
+    def set(self, chunk: int, block: np.ndarray, address: int | None = None) -> None:
+        """``block`` for chunk ``chunk``. ``address``: its data's address where the caller knows it (reading it
+        from ``block.ctypes`` builds Python objects: ~15 us a chunk with the caches cold, as after a parse)."""
         rows = int(self.chunk_rows[chunk])
-        if block.dtype != np.uint32 or block.shape != (rows, self.layout.width) or not block.flags.c_contiguous:
+        if block.dtype != _U32 or block.shape != (rows, self.layout.width) or not block.flags.c_contiguous:
             raise ValueError(f"chunk {chunk}'s block must be C-contiguous uint32 [{rows}, {self.layout.width}], "
                              f"got {block.dtype} {block.shape}")
         self.blocks[chunk] = block
-        self.addresses[chunk] = block.ctypes.data if block.size else 0
+        self.addresses[chunk] = 0 if not block.size else block.ctypes.data if address is None else address
 
     def drop(self, chunk: int) -> np.ndarray | None:
         block, self.blocks[chunk] = self.blocks[chunk], None
         self.addresses[chunk] = 0
         return block
+
+
+def least_recently_read(kept: np.ndarray, pins: np.ndarray, read: np.ndarray, stamps: np.ndarray, since: np.ndarray,
+                        chunk_rows: np.ndarray, excess: int, out: np.ndarray) -> int:
+    """Which held chunks to drop until ``excess`` rows are gone: among the chunks ``c`` with ``kept[c]`` and no
+    ``pins[c]``, those ``read`` first, then by ``stamps`` (oldest first), then by ``since`` (the order they were
+    taken in), each counted for its ``chunk_rows``; written into ``out`` (int64) in that order. Returns how many
+    (fewer where the free chunks run out first)."""
+    native = kernels("rows")
+    if native is not None:
+        return int(native.least_recently_read(kept, pins, read, stamps, since, chunk_rows, np.int64(excess), out))
+    free = np.flatnonzero(kept & (pins == 0))
+    free = free[np.lexsort((since[free], stamps[free], ~read[free]))]
+    n = gone = 0
+    for c in free.tolist():
+        if gone >= excess or n >= out.shape[0]:
+            break
+        out[n] = c
+        n += 1
+        gone += int(chunk_rows[c])
+    return n
 
 
 def locate_rows(rows: np.ndarray, first_row: np.ndarray, num_rows: int, chunk: np.ndarray, local: np.ndarray,

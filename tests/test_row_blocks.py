@@ -77,3 +77,44 @@ def test_wrong_inputs_are_named(kernels):
         ops.locate_rows(np.array([3, 8]), np.array([0, 4]), 8, *(np.empty(2, np.int64) for _ in range(4)))
     with pytest.raises(ValueError, match="dense must be a number of words >= 0"):
         ops.RowLayout(label=1, dense=-1, ids=0, more=0)
+
+
+def _least_recently_read_by_sort(kept, pins, read, stamps, since, chunk_rows, excess):
+    """The order PreparedRows dropped chunks in before: a stable lexsort of the free held chunks, in held order."""
+    held = np.argsort(since, kind="stable")
+    held = held[kept[held]]
+    free = held[pins[held] == 0]
+    free = free[np.lexsort((stamps[free], ~read[free]))]
+    out, gone = [], 0
+    for c in free.tolist():
+        if gone >= excess:
+            break
+        out.append(c)
+        gone += int(chunk_rows[c])
+    return out
+
+
+def test_least_recently_read_drops_read_then_oldest_then_first_held(kernels):
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        n = int(rng.integers(1, 40))
+        kept = rng.random(n) < 0.7
+        pins = np.where(rng.random(n) < 0.2, 1, 0).astype(np.int64)
+        read = rng.random(n) < 0.5
+        stamps = rng.integers(0, 4, n).astype(np.int64)  # (many ties)
+        since = rng.permutation(n).astype(np.int64)
+        chunk_rows = rng.integers(1, 10, n).astype(np.int64)
+        excess = int(rng.integers(-3, 40))
+        out = np.full(n, -7, dtype=np.int64)
+        got = ops.row_blocks.least_recently_read(kept, pins, read, stamps, since, chunk_rows, excess, out)
+        assert out[:got].tolist() == _least_recently_read_by_sort(kept, pins, read, stamps, since, chunk_rows, excess)
+
+
+def test_a_block_set_with_its_address_is_gathered_from_it():
+    layout = ops.RowLayout(label=1, dense=1, ids=0, more=0)
+    blocks = ops.RowBlocks(np.array([2], dtype=np.int64), layout)
+    block = np.zeros((2, 2), dtype=np.uint32)
+    blocks.set(0, block, block.ctypes.data)
+    assert blocks.addresses[0] == block.ctypes.data
+    blocks.set(0, block)
+    assert blocks.addresses[0] == block.ctypes.data

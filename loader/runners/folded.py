@@ -23,6 +23,7 @@ from ... import ops
 from ...pipelines.features import ROW_IDS, ROW_VALUE, ROW_VALUES, Parse
 
 RUN_ROWS = 8192  # rows of a chunk prepared at a time (their arrays stay in the core's caches)
+SIZES_KEPT = 1024  # run sizes whose scratch views a thread keeps (then it starts again)
 
 
 class Folded:
@@ -34,6 +35,7 @@ class Folded:
         self.stages = stages
         self.names = names
         self.layout = layout
+        self.stage_names = (parse.name,) + tuple(stage.name for stage in stages)
         self._local = threading.local()
 
     @classmethod
@@ -76,10 +78,6 @@ class Folded:
             return None
         return cls(parse, tuple(run[1:]), (label, dense, ids[0], ids[1]), layout)
 
-    @property
-    def stage_names(self) -> tuple[str, ...]:
-        return (self.parse.name,) + tuple(stage.name for stage in self.stages)
-
     def rows_of(self, source):
         """The source's prepared rows for these stages (shared with every runner folding the same ones)."""
         return source.prepared_rows((self.layout, self.parse, self.stages), self.layout,
@@ -110,21 +108,29 @@ class Folded:
                 data.update(stage.run(data, np, out))
                 began, took = took, clock()
                 seconds[stage.name] += took - began
-            label, dense, ids, more = (None if name is None else data[name] for name in self.names)
+            label, dense, ids, more = map(data.get, self.names)  # (no None key: None where a name is)
             ops.pack_rows(block, start, self.layout, label=label, dense=dense, ids=ids, more=more)
             seconds[parse] += clock() - took
         return seconds
 
     def _scratch(self, rows: int) -> dict[str, np.ndarray]:
-        """This thread's arrays for a run of ``rows`` rows (views of buffers kept for ``RUN_ROWS`` rows)."""
-        buffers = getattr(self._local, "buffers", None)
-        if buffers is None:
-            buffers = self._local.buffers = {}
+        """This thread's arrays for a run of ``rows`` rows (views of buffers kept for ``RUN_ROWS`` rows), made once
+        for each run size (a table's chunks come in a few hundred sizes at most; each chunk asked for them, ~4 us)."""
+        local = self._local
+        views = getattr(local, "views", None)
+        if views is None:
+            buffers = local.buffers = {}
+            views = local.views = {}
             for stage in (self.parse, *self.stages):
                 for name, (shape, dtype) in stage.shapes(RUN_ROWS).items():
                     buffers[name] = np.empty(math.prod(shape), dtype=dtype)
-        out = {}
-        for stage in (self.parse, *self.stages):  # (math.prod: one call, where np.prod is five in Python)
-            for name, (shape, _) in stage.shapes(rows).items():
-                out[name] = buffers[name][:math.prod(shape)].reshape(shape)
+        out = views.get(rows)
+        if out is None:
+            if len(views) >= SIZES_KEPT:
+                views.clear()
+            buffers = local.buffers
+            out = views[rows] = {}
+            for stage in (self.parse, *self.stages):  # (math.prod: one call, where np.prod is five in Python)
+                for name, (shape, _) in stage.shapes(rows).items():
+                    out[name] = buffers[name][:math.prod(shape)].reshape(shape)
         return out

@@ -11,6 +11,7 @@ index says, so a file changed after it was indexed raises an error naming it ins
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -143,13 +144,20 @@ class TsvFormat:
         """``rows`` lines of text (the last one's newline optional) as a chunk of rows: the integer columns (int,
         hex, string) in one block, the float columns in another, the list columns by name (``text_parse``).
         Text of more or fewer lines raises ``LinesMoved`` (the parser counts them as it reads)."""
-        from .text_parse import parse_text  # (numba's: loaded on a thread of its own while the files are indexed)
-
-        chunk = parse_text(data, rows, self.layout)
+        chunk = _parse_text()(data, rows, self.layout)
         if not chunk.exact:
             raise LinesMoved
         return RowsChunk(chunk.lists, chunk.bad, chunk.reasons, chunk.ints, chunk.missing,
                          chunk.floats if chunk.floats.shape[1] else None)
+
+
+@functools.cache
+def _parse_text():
+    """``text_parse.parse_text``, imported at the first chunk (numba's: loaded on a thread of its own while the
+    files are indexed), then looked up once, not imported again for every chunk."""
+    from .text_parse import parse_text
+
+    return parse_text
 
 
 def _chunk_index(arrays: tuple[np.ndarray, ...], gz: bool) -> ChunkIndex:

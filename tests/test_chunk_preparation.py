@@ -1,0 +1,42 @@
+"""What preparing a text chunk builds once instead of per chunk (issue 18, less GIL per batch): a row-major block's
+layout is made once per column count and shared; a parse without quoting shares one never-written scratch, and a
+quoted parse still unquotes into a scratch of its own."""
+import numpy as np
+
+from feedline import ops
+from feedline.loader.sources.text_parse import parse_text
+from feedline.loader.sources.text_syntax import CSV, Layout
+from feedline.ops.gather_columns import BYTE_FLAGS, CODES
+from feedline.pipelines.tabular import Column, ColumnKind
+
+
+def test_a_row_major_layout_is_made_once_per_column_count_and_says_where_each_column_is():
+    values = np.arange(12, dtype=np.int64).reshape(4, 3)
+    missing = np.zeros((4, 3), dtype=bool)
+    block = ops.ColumnBlock.row_major(values, missing)
+    again = ops.ColumnBlock.row_major(values[:2].copy(), missing[:2].copy())
+    assert again.layout is block.layout  # (shared: no list of tuples and array made per chunk)
+    code = CODES[np.dtype(np.int64)]
+    assert block.layout.tolist() == [[code, c, 3, BYTE_FLAGS, c, 3] for c in range(3)]
+    assert block.layout.dtype == np.int64 and block.layout.flags.c_contiguous and block.layout.flags.writeable
+    assert block.rows == 4 and np.shares_memory(block.data, values)
+    label, dense, ids = np.zeros(4, np.float32), np.zeros((1, 4), np.float32), np.zeros((1, 4), np.int64)
+    local = np.arange(4, dtype=np.int64)
+    ops.gather_columns(block, ops.gather_picks(0, [1], [2]), local, local, missing_id=-1, label=label, dense=dense,
+                       ids=ids)
+    assert label.tolist() == [0, 3, 6, 9] and dense.tolist() == [[1, 4, 7, 10]] and ids.tolist() == [[2, 5, 8, 11]]
+    other = ops.ColumnBlock.row_major(np.zeros((2, 5), np.int64), np.zeros((2, 5), bool))
+    assert other.layout.shape == (5, 6) and other.layout is not block.layout
+
+
+def test_quoted_and_unquoted_parses_side_by_side_keep_their_values():
+    columns = (Column("a", ColumnKind.INT), Column("s", ColumnKind.STRING))
+    tsv = Layout(columns)
+    csv = Layout(columns, CSV)
+    plain = parse_text(b"1\tx\n2\ty\n", 2, tsv)
+    quoted = parse_text(b'1,"x"\r\n2,"y"\r\n', 2, csv)
+    plain_again = parse_text(b"1\tx\n2\ty\n", 2, tsv)
+    assert plain.ints.tolist() == quoted.ints.tolist() == plain_again.ints.tolist()
+    assert not plain.bad.any() and not quoted.bad.any() and plain.exact and quoted.exact
+    bad = parse_text(b"1\tx\nzz\ty\n", 2, tsv)
+    assert bad.bad.tolist() == [False, True] and 1 in bad.reasons and bad.exact
