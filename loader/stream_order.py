@@ -48,7 +48,7 @@ class StreamOrder(Order):
         self._last_window: tuple = (None, None)
         self._kept_windows: list = []  # ((epoch, window), rows, valid), the latest first
         self.buffer_rows = positive_int("shuffle_buffer", buffer_rows)
-        if table is not None and table.pending and world_size == 1 and np.unique(chunk_groups).size <= 1:
+        if table is not None and table.pending and world_size == 1 and len(set(np.asarray(chunk_groups).tolist())) <= 1:
             try:  # (the arguments checked against the rows indexed so far; a check they fail waits for all)
                 self._arguments(int(table.num_rows), batch_size, shuffle=shuffle, seed=seed, rank=rank,
                                 world_size=world_size, last_batch=last_batch, num_samples_name="rows")
