@@ -209,3 +209,15 @@ def philox_block(ctr, key, block):
     block[1] = c1
     block[2] = c2
     block[3] = c3
+
+
+@kernel
+def batch_rows(indices, valid, bad, index_out, valid_out):
+    """``batch_rows``'s pass: ``index_out = indices``, ``valid_out = valid & ~bad``, the count of valid rows."""
+    count = 0
+    for i in range(indices.shape[0]):
+        index_out[i] = indices[i]
+        ok = valid[i] and not bad[i]
+        valid_out[i] = ok
+        count += ok
+    return count

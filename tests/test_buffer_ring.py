@@ -95,13 +95,3 @@ def test_a_buffer_is_taken_while_its_views_dict_is_held():
     del views
     assert first.free()
 
-
-def test_the_runner_s_mask_tests_agree_with_numpy():
-    from feedline.loader.runners.feature_runner import _all, _any
-
-    rng = np.random.default_rng(0)
-    for n in (0, 1, 2, 7, 8192):
-        for p in (0.0, 0.001, 0.5, 1.0):
-            for _ in range(20):
-                mask = rng.random(n) < p
-                assert _any(mask) == bool(mask.any()) and _all(mask) == bool(mask.all()), (n, p)
