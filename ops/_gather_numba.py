@@ -383,16 +383,23 @@ def gather_records(address, flags_address, layout, picks, local, positions, miss
             _prefetch(record + step - 1)
         where = positions[first:last]
         for j in range(picks.shape[0]):
-            c, target, row = picks[j, 0], picks[j, 1], picks[j, 2]
-            code = layout[c, 0]
-            offset = layout[c, 1] * np.int64(SIZES[code])
-            bit = np.uint64(1) << np.uint64(layout[c, 4] - flag_first)
-            if target == IDS:
-                records_ids(code, offset, bit, bases[:m], words[:m], where, missing_id, ids[row])
-            elif target == DENSE:
-                records_reals(code, offset, bit, bases[:m], words[:m], where, dense[row])
-            else:  # the label: never missing
-                records_reals(code, offset, np.uint64(0), bases[:m], words[:m], where, label)
+            records_column(layout, picks[j, 0], picks[j, 1], picks[j, 2], flag_first, bases[:m], words[:m], where,
+                           missing_id, label, dense, ids)
+
+
+@helper
+def records_column(layout, c, target, row, flag_first, bases, words, where, missing_id, label, dense, ids):
+    """Column ``c`` of the records at ``bases`` (their flag bits from ``flag_first`` in ``words``) into its
+    ``target`` (``row``) at positions ``where``."""
+    code = layout[c, 0]
+    offset = layout[c, 1] * np.int64(SIZES[code])
+    bit = np.uint64(1) << np.uint64(layout[c, 4] - flag_first)
+    if target == IDS:
+        records_ids(code, offset, bit, bases, words, where, missing_id, ids[row])
+    elif target == DENSE:
+        records_reals(code, offset, bit, bases, words, where, dense[row])
+    else:  # the label: never missing
+        records_reals(code, offset, np.uint64(0), bases, words, where, label)
 
 
 def _from_records(read, to_ids, name):
@@ -571,18 +578,22 @@ def prefetch_rows(bases, flag_at, step, first, last):
 
 
 @helper
-def plan_records(layouts, which, picks, steps, flag_steps, lows, flag_bytes, alike):
-    """How the blocks of groups laid out as ``layouts[which[g]]`` are read: each as ``records_of`` describes it
-    (its record bytes, flag bits a row, first flag bit and flag bytes into ``steps``, ``flag_steps``, ``lows``
-    and ``flag_bytes``), and ``alike[j]``: whether pick ``j``'s column has the same type, place in the record and
-    flag bit (from the group's first) in every group, every group's flag bytes a row being the same. Returns
-    False where a group's block is not one ``records_of`` describes."""
+def plan_records(layouts, which, picks):
+    """How the blocks of groups laid out as ``layouts[which[g]]`` are read: (whether every one is a block
+    ``records_of`` describes; then by group, as it describes them: record bytes, flag bits a row, first flag bit
+    and flag bytes; and ``alike[j]``: whether pick ``j``'s column has the same type, place in the record and flag
+    bit (from the group's first) in every group, every group's flag bytes a row being the same)."""
     groups = which.shape[0]
+    steps = np.empty(groups, np.int64)
+    flag_steps = np.empty(groups, np.int64)
+    lows = np.empty(groups, np.int64)
+    flag_bytes = np.empty(groups, np.int64)
+    alike = np.zeros(picks.shape[0], np.bool_)
     same_bytes = True
     for g in range(groups):
         s, fs, lo, fb = records_of(layouts[which[g]], picks)
         if s == 0:
-            return False
+            return False, steps, flag_steps, lows, flag_bytes, alike
         steps[g], flag_steps[g], lows[g], flag_bytes[g] = s, fs, lo, fb
         same_bytes = same_bytes and fb == flag_bytes[0]
     ref = which[0]
@@ -596,7 +607,7 @@ def plan_records(layouts, which, picks, steps, flag_steps, lows, flag_bytes, ali
             same = layouts[k, c, 0] == layouts[ref, c, 0] and layouts[k, c, 1] == layouts[ref, c, 1] \
                 and layouts[k, c, 4] - lows[g] == layouts[ref, c, 4] - lows[0]
         alike[j] = same
-    return True
+    return True, steps, flag_steps, lows, flag_bytes, alike
 
 
 @helper
@@ -646,18 +657,9 @@ def write_planned(bases, flag_at, order, bounds, layouts, which, steps, lows, fl
                 word |= np.uint64(_read_u8(flag_at[i] + b)) << np.uint64(8 * b)
             words[k] = word
         for j in range(picked):
-            if alike[j]:
-                continue
-            c, target, row = picks[j, 0], picks[j, 1], picks[j, 2]
-            code = layout[c, 0]
-            offset = layout[c, 1] * np.int64(SIZES[code])
-            bit = np.uint64(1) << np.uint64(layout[c, 4] - lows[g])
-            if target == IDS:
-                records_ids(code, offset, bit, at[:m], words[:m], where, missing_id, ids[row])
-            elif target == DENSE:
-                records_reals(code, offset, bit, at[:m], words[:m], where, dense[row])
-            else:  # the label: never missing
-                records_reals(code, offset, np.uint64(0), at[:m], words[:m], where, label)
+            if not alike[j]:
+                records_column(layout, picks[j, 0], picks[j, 1], picks[j, 2], lows[g], at[:m], words[:m], where,
+                               missing_id, label, dense, ids)
 
 
 @kernel
@@ -676,12 +678,8 @@ def gather_blocks(addresses, layouts, picks, bounds, local, positions, missing_i
     which = np.empty(groups, np.int64)
     for g in range(groups):
         which[g] = g
-    steps = np.empty(groups, np.int64)
-    flag_steps = np.empty(groups, np.int64)
-    lows = np.empty(groups, np.int64)
-    flag_bytes = np.empty(groups, np.int64)
-    alike = np.empty(picks.shape[0], np.bool_)
-    if not plan_records(layouts, which, picks, steps, flag_steps, lows, flag_bytes, alike):
+    ok, steps, flag_steps, lows, flag_bytes, alike = plan_records(layouts, which, picks)
+    if not ok:
         return False
     n = local.shape[0]
     bases = np.empty(n, np.int64)
@@ -740,12 +738,8 @@ def gather_table(rows, first_row, num_rows, addresses, layouts, picks, missing_i
         group_of[i] = s
         within[i] = rows[i] - first_row[c]
     which = touched[:count]
-    steps = np.empty(count, np.int64)
-    flag_steps = np.empty(count, np.int64)
-    lows = np.empty(count, np.int64)
-    flag_bytes = np.empty(count, np.int64)
-    alike = np.empty(picks.shape[0], np.bool_)
-    if not plan_records(layouts, which, picks, steps, flag_steps, lows, flag_bytes, alike):
+    ok, steps, flag_steps, lows, flag_bytes, alike = plan_records(layouts, which, picks)
+    if not ok:
         return -3
     bases = np.empty(n, np.int64)
     flag_at = np.empty(n, np.int64)

@@ -33,6 +33,25 @@ def record_block(rng: np.random.Generator, types, rows: int, missing_share: floa
     return records.block(data, rows, list(range(len(types)))), columns, missing
 
 
+def per_block_reference(blocks, picks, bounds, local, positions, want, monkeypatch, missing_id: int = -99):
+    """``want`` (label, dense, ids) written by NumPy's ``gather_columns``, one call per block (group ``g``'s rows
+    from ``blocks[g]``): the reference the one-call kernels are read against."""
+    from feedline import ops
+    from feedline.ops import _native
+
+    monkeypatch.setenv(_native.ENV, "0")
+    _native.kernels.cache_clear()
+    try:
+        for g, block in enumerate(blocks):
+            at = slice(bounds[g], bounds[g + 1])
+            ops.gather_columns(block, picks, local[at], positions[at], missing_id=missing_id, label=want[0],
+                               dense=want[1], ids=want[2])
+    finally:
+        monkeypatch.delenv(_native.ENV)
+        _native.kernels.cache_clear()
+    return want
+
+
 def criteo_day_in_chunks(root, rows: int, seed: int, chunk_rows: int):
     """A Criteo day of ``rows`` as text and converted in chunks of ``chunk_rows``: the two pipelines over it."""
     import pytest

@@ -48,17 +48,8 @@ def test_one_call_writes_what_a_call_per_block_writes(n, monkeypatch):
     got = outputs(n, len(ints))
     assert gather_blocks(blocks, picks, bounds, local, positions, missing_id=-99, label=got[0], dense=got[1],
                          ids=got[2])
-    monkeypatch.setenv(_native.ENV, "0")  # the reference: NumPy's gather_columns, one call per block
-    _native.kernels.cache_clear()
-    try:
-        want = outputs(n, len(ints))
-        for g, block in enumerate(blocks):
-            at = slice(bounds[g], bounds[g + 1])
-            ops.gather_columns(block, picks, local[at], positions[at], missing_id=-99, label=want[0],
-                               dense=want[1], ids=want[2])
-    finally:
-        monkeypatch.delenv(_native.ENV)
-        _native.kernels.cache_clear()
+    want = record_blocks.per_block_reference(blocks, picks, bounds, local, positions, outputs(n, len(ints)),
+                                             monkeypatch)
     for a, b in zip(got, want):
         assert same(a, b)
     # and against the values written, independently of either

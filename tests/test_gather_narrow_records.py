@@ -18,8 +18,8 @@ from feedline.loader.sources.columnar import RecordLayout
 from feedline.ops import _native
 from feedline.ops.gather_columns import block_addresses, gather_blocks, gather_table
 from feedline.pipelines.criteo import criteo
-from feedline.pipelines.features import MISSING_ID
-from record_blocks import some_values
+from record_blocks import per_block_reference, some_values
+from test_gather_table import gathered
 
 needs_numba = pytest.mark.skipif(_native.kernels("gather") is None, reason="numba is not installed")
 pytestmark = pytest.mark.usefixtures("fresh_index_store")
@@ -66,22 +66,6 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
-def reference(blocks, picks, bounds, local, positions, n, monkeypatch):
-    """NumPy's ``gather_columns``, one call per block."""
-    monkeypatch.setenv(_native.ENV, "0")
-    _native.kernels.cache_clear()
-    try:
-        want = outputs(n)
-        for g, block in enumerate(blocks):
-            at = slice(bounds[g], bounds[g + 1])
-            ops.gather_columns(block, picks, local[at], positions[at], missing_id=-99, label=want[0],
-                               dense=want[1], ids=want[2])
-    finally:
-        monkeypatch.delenv(_native.ENV)
-        _native.kernels.cache_clear()
-    return want
-
-
 def made_blocks(rng, case: str):
     sizes = [1500, 700, 333, 2000]
     if case == "types":
@@ -111,7 +95,7 @@ def test_blocks_of_differing_types_are_gathered_in_one_call_with_the_bits_of_a_c
     got = outputs(n)
     assert gather_blocks(blocks, picks, bounds, local, positions, missing_id=-99, label=got[0], dense=got[1],
                          ids=got[2])
-    want = reference(blocks, picks, bounds, local, positions, n, monkeypatch)
+    want = per_block_reference(blocks, picks, bounds, local, positions, outputs(n), monkeypatch)
     for a, b in zip(got, want):
         assert same(a, b)
     # and against the values written, independently of either
@@ -137,18 +121,6 @@ def test_blocks_of_differing_types_are_gathered_in_one_call_with_the_bits_of_a_c
 
 
 ROWS = 40_000  # 9 chunks of text
-
-
-def gathered(spec, source, rows):
-    parse = spec.stages[0]
-    n = rows.size
-    label = np.full(n, 7.0, np.float32)
-    dense = np.full((len(parse.dense), n), 7.0, np.float32)
-    ids = np.full((len(parse.categorical), n), 7, np.int64)
-    got = source.gather(rows, label=parse.label, dense=parse.dense, categorical=parse.categorical,
-                        missing_id=MISSING_ID, label_out=label, dense_out=dense, ids_out=ids)
-    assert not got.bad.any()
-    return label.tobytes(), dense.tobytes(), ids.tobytes()
 
 
 @needs_numba
