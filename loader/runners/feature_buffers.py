@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ... import ops
 from . import transfer
 from .buffers import BufferRing, Dressed
 
@@ -58,6 +59,7 @@ class BatchArrays:
         self._device_shared: dict[int, dict[str, torch.Tensor]] = {}
         self._constant_tensors: dict[int, dict[str, tuple[np.ndarray, torch.Tensor]]] = {}
         self._scratch = threading.local()
+        self._parts: dict[str, tuple[tuple[str, str], ...]] = {}  # a Jagged output's parts: (key, "name.key")
 
     def constants(self, rows: int) -> dict[str, np.ndarray]:
         """The CPU stages' outputs that every batch of ``rows`` rows shares (``FeatureStage.constants``)."""
@@ -151,19 +153,29 @@ class BatchArrays:
             views[alias] = views["sparse.values"].reshape(shapes[alias][0])
         return Dressed(tensor, array, views, layout.torch_views(tensor))
 
-    def delivered(self, moving: dict[str, Any], dressed: Dressed, rows: int) -> dict[str, Any]:
-        """The batch of ``moving`` (arrays and dicts of arrays, by output name) as torch tensors: the dressed
-        buffer's own tensor for an array that is its view, the shared outputs' tensors (made once), and a
-        tensor sharing the memory of anything else."""
+    def delivered(self, data: dict[str, Any], names: tuple[str, ...], dressed: Dressed, rows: int, valid: bool
+                  ) -> dict[str, Any]:
+        """The batch: the outputs ``names`` of ``data`` (a Jagged as a dict of its three arrays), ``index`` and,
+        where ``valid``, ``valid`` (both written in the buffer), as torch tensors: the dressed buffer's own tensor
+        for an array that is its view, the shared outputs' tensors (made once), and a tensor sharing the memory of
+        anything else. (Straight from ``data``: no dict of the arrays built first.)"""
         own = dressed.views
         tensors = dressed.tensors
         shared = self._constant_tensors.get(rows) or self.constant_tensors(rows)
         out: dict[str, Any] = {}
-        for name, value in moving.items():
-            if type(value) is dict:
-                out[name] = {key: _tensor_of(f"{name}.{key}", v, own, tensors, shared) for key, v in value.items()}
+        for name in names:
+            value = data[name]
+            if type(value) is np.ndarray and own.get(name) is value:  # (the usual case: written in the buffer)
+                out[name] = tensors[name]
+            elif isinstance(value, ops.Jagged):
+                parts = self._parts.get(name) or self._parts.setdefault(
+                    name, tuple((key, f"{name}.{key}") for key in ("values", "lengths", "offsets")))
+                out[name] = {key: _tensor_of(full, getattr(value, key), own, tensors, shared) for key, full in parts}
             else:
                 out[name] = _tensor_of(name, value, own, tensors, shared)
+        out["index"] = tensors["index"]
+        if valid:
+            out["valid"] = tensors["valid"]
         return out
 
     def constant_tensors(self, rows: int) -> dict[str, tuple[np.ndarray, torch.Tensor]]:

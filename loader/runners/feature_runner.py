@@ -155,16 +155,16 @@ class FeatureRunner:
             tensor, buffer = self._batch_arrays.buffer(layout.nbytes)
             out = self._batch_arrays.arrays(rows, buffer)
         data, bad = self._cpu_data(plan, out)
-        moving = {name: data[name] for name in self._crossing} if self.on_gpu else \
-            transfer.plain(data, self.spec.outputs)
         # The rows and their validity written in one GIL-free pass that counts the valid ones (no look at the masks
         # holding the GIL: a mask's argmax after the kernels' passes took ~7 us a batch, cold in the cache)
-        index = moving["index"] = out["index"]
-        valid = out["valid"]
-        if batch_rows(plan.indices, plan.valid, bad, index, valid) != rows:  # padding, bad rows skipped in place
-            moving["valid"] = valid
+        all_valid = batch_rows(plan.indices, plan.valid, bad, out["index"], out["valid"]) == rows
         if self._ring is not None:  # each tensor keeps the ring's buffer taken while the trainer holds it
-            return self._batch_arrays.delivered(moving, dressed, rows)
+            return self._batch_arrays.delivered(data, self.spec.outputs, dressed, rows, not all_valid)
+        moving = {name: data[name] for name in self._crossing} if self.on_gpu else \
+            transfer.plain(data, self.spec.outputs)
+        moving["index"] = out["index"]
+        if not all_valid:  # padding, bad rows skipped in their places
+            moving["valid"] = out["valid"]
         if not self.on_gpu:  # the shared outputs are on the device already
             for name in self._batch_arrays.constants(rows):
                 group, _, key = name.partition(".")
