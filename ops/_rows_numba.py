@@ -159,3 +159,31 @@ def least_recently_read(kept, pins, read, stamps, since, chunk_rows, excess, out
         n += 1
         gone += chunk_rows[best]
     return n
+
+
+@kernel
+def pin_chunks(touched, found, pins, kept, missing):
+    """Pins ``touched[:found]``; those not ``kept`` into ``missing``, in order; returns how many."""
+    n = 0
+    for i in range(found):
+        c = touched[i]
+        pins[c] += 1
+        if not kept[c]:
+            missing[n] = c
+            n += 1
+    return n
+
+
+@kernel
+def unpin_read_chunks(touched, found, pins, stamps, clock, read, bad, with_bad):
+    """``touched[:found]`` read at ``clock`` and unpinned; those with ``bad`` rows into ``with_bad``; how many."""
+    n = 0
+    for i in range(found):
+        c = touched[i]
+        stamps[c] = clock
+        read[c] = True
+        pins[c] -= 1
+        if bad[c]:
+            with_bad[n] = c
+            n += 1
+    return n

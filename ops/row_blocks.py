@@ -164,6 +164,36 @@ def least_recently_read(kept: np.ndarray, pins: np.ndarray, read: np.ndarray, st
     return n
 
 
+def pin_chunks(touched: np.ndarray, found: int, pins: np.ndarray, kept: np.ndarray, missing: np.ndarray) -> int:
+    """Chunks ``touched[:found]`` (distinct) pinned (``pins`` + 1); those not ``kept`` written into ``missing`` in
+    their order. Returns how many are missing."""
+    native = kernels("rows")
+    if native is not None:
+        return int(native.pin_chunks(touched, np.int64(found), pins, kept, missing))
+    chunks = touched[:found]
+    pins[chunks] += 1
+    lacking = chunks[~kept[chunks]]
+    missing[:lacking.size] = lacking
+    return int(lacking.size)
+
+
+def unpin_read_chunks(touched: np.ndarray, found: int, pins: np.ndarray, stamps: np.ndarray, clock: int,
+                      read: np.ndarray, bad: np.ndarray, with_bad: np.ndarray) -> int:
+    """Chunks ``touched[:found]`` (distinct, pinned) read: stamped ``clock``, marked ``read`` and unpinned; those
+    with ``bad`` rows written into ``with_bad`` in their order. Returns how many have."""
+    native = kernels("rows")
+    if native is not None:
+        return int(native.unpin_read_chunks(touched, np.int64(found), pins, stamps, np.int64(clock), read, bad,
+                                            with_bad))
+    chunks = touched[:found]
+    stamps[chunks] = clock
+    read[chunks] = True
+    pins[chunks] -= 1
+    bads = chunks[bad[chunks]]
+    with_bad[:bads.size] = bads
+    return int(bads.size)
+
+
 def locate_rows(rows: np.ndarray, first_row: np.ndarray, num_rows: int, chunk: np.ndarray, local: np.ndarray,
                 touched: np.ndarray, counts: np.ndarray) -> int:
     """For ``rows`` (int64, any order; ``first_row``: each chunk's first row, increasing from 0): each row's

@@ -118,3 +118,24 @@ def test_a_block_set_with_its_address_is_gathered_from_it():
     assert blocks.addresses[0] == block.ctypes.data
     blocks.set(0, block)
     assert blocks.addresses[0] == block.ctypes.data
+
+
+def test_touched_chunks_are_pinned_then_read_and_unpinned_in_one_pass(kernels):
+    rng = np.random.default_rng(3)
+    for trial in range(100):
+        n = int(rng.integers(1, 30))
+        found = int(rng.integers(0, n + 1))
+        touched = np.concatenate([rng.permutation(n)[:found], np.full(3, -5)]).astype(np.int64)  # (past found: not read)
+        pins = rng.integers(0, 3, n).astype(np.int64)
+        kept, bad = rng.random(n) < 0.6, rng.random(n) < 0.3
+        stamps, read = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+        chunks = touched[:found]
+        before = pins.copy()
+        out = np.full(found + 3, -1, dtype=np.int64)
+        missing = ops.row_blocks.pin_chunks(touched, found, pins, kept, out)
+        assert out[:missing].tolist() == [c for c in chunks.tolist() if not kept[c]]
+        assert (pins - before).tolist() == [int(c in chunks) for c in range(n)]
+        with_bad = ops.row_blocks.unpin_read_chunks(touched, found, pins, stamps, 9, read, bad, out)
+        assert out[:with_bad].tolist() == [c for c in chunks.tolist() if bad[c]]
+        assert pins.tolist() == before.tolist()
+        assert read.tolist() == [c in chunks for c in range(n)] and stamps.tolist() == [9 * (c in chunks) for c in range(n)]

@@ -20,7 +20,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ... import ops
-from ...ops.row_blocks import least_recently_read
+from ...ops.row_blocks import least_recently_read, pin_chunks, unpin_read_chunks
 from .single_flight import SingleFlight
 
 SPARE_BLOCKS = 4  # dropped blocks kept for preparing the next chunks into
@@ -50,6 +50,7 @@ class _Scratch:
         self.local = np.empty(n, dtype=np.int64)
         self.touched = np.empty(max(min(n, chunks), 1), dtype=np.int64)
         self.counts = np.empty_like(self.touched)
+        self.missing = np.empty_like(self.touched)  # the touched chunks not held, then those with bad rows
 
 
 class PreparedRows:
@@ -95,24 +96,25 @@ class PreparedRows:
         scratch = self._scratch(rows.size)
         found = ops.locate_rows(rows, table.first_row, table.num_rows, scratch.chunk, scratch.local,
                                 scratch.touched, scratch.counts)
-        touched = scratch.touched[:found].copy()
-        with self._lock:
-            self._pins[touched] += 1
-            missing = touched[~self._kept[touched]]  # (pinned: those held now stay held until unpinned)
+        touched = scratch.touched
+        # (each step over the touched chunks is one native pass: with the caches cold after a batch's gather,
+        # the NumPy fancy indexes they were took ~10 us each holding the GIL)
+        with self._lock:  # (pinned: those held now stay held until unpinned)
+            missing = pin_chunks(touched, found, self._pins, self._kept, scratch.missing)
         try:
-            spent = self._ensure(missing.tolist(), time.thread_time if charge else time.perf_counter) \
-                if missing.size else 0.0
+            spent = self._ensure(scratch.missing[:missing].tolist(),
+                                 time.thread_time if charge else time.perf_counter) if missing else 0.0
             ops.gather_rows(self.blocks, scratch.chunk, scratch.local, label=label, dense=dense, ids=ids, more=more)
+        except BaseException:
             with self._lock:
-                self._clock += 1
-                self._stamps[touched] = self._clock
-                self._read[touched] = True
-                charged = self._charge(touched, scratch.counts[:found]) if charge else {}
-                with_bad = touched[self._bad[touched]]
-                bads = [(c, self._held[c]) for c in with_bad.tolist()] if with_bad.size else []
-        finally:
-            with self._lock:
-                self._pins[touched] -= 1
+                self._pins[touched[:found]] -= 1
+            raise
+        with self._lock:
+            self._clock += 1
+            charged = self._charge(touched[:found], scratch.counts[:found]) if charge else {}
+            with_bad = unpin_read_chunks(touched, found, self._pins, self._stamps, self._clock, self._read, self._bad,
+                                         scratch.missing)
+            bads = [(c, self._held[c]) for c in scratch.missing[:with_bad].tolist()] if with_bad else []
         bad = np.zeros(rows.size, dtype=bool)
         if bads:
             self._note_bads(rows, scratch, bads, bad)
