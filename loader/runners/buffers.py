@@ -60,9 +60,11 @@ class BufferRing:
         once) whose tensor and views nobody else holds, or a new one's; and a dict of its ``views``, made before
         the ring lets go of its lock, which keeps it taken for as long as the caller holds the dict (hold it
         until the batch's delivered tensors are held instead)."""
-        key = (tuple(shape), dtype)
+        key = (shape if type(shape) is tuple else tuple(shape), dtype)
         with self._lock:
-            kept = self._dressed.setdefault(key, [])
+            kept = self._dressed.get(key)
+            if kept is None:
+                kept = self._dressed[key] = []
             n = len(kept)
             first = self._turn.get(key, 0)  # after the last one handed out: the oldest, likely free by now
             for j in range(n):

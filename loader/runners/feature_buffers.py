@@ -5,6 +5,7 @@ outputs every batch of a size shares, made once.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -60,6 +61,7 @@ class BatchArrays:
         self._constant_tensors: dict[int, dict[str, tuple[np.ndarray, torch.Tensor]]] = {}
         self._scratch = threading.local()
         self._parts: dict[str, tuple[tuple[str, str], ...]] = {}  # a Jagged output's parts: (key, "name.key")
+        self._asked: dict[int, tuple] = {}  # by batch size: what ``dressed`` asks the ring for
 
     def constants(self, rows: int) -> dict[str, np.ndarray]:
         """The CPU stages' outputs that every batch of ``rows`` rows shares (``FeatureStage.constants``)."""
@@ -139,19 +141,11 @@ class BatchArrays:
         tensors a batch in it is delivered as, both made once per buffer (a batch then costs no view and no
         tensor made anew); and a dict of the views (what ``arrays`` takes as ``placed``), which keeps the buffer
         taken while held (``BufferRing.dressed``)."""
-        layout, _ = self._layouts.get(rows) or self.layout(rows)
-        return self._ring.dressed((layout.nbytes,), torch.uint8, lambda tensor: self._dress(rows, tensor))
-
-    def _dress(self, rows: int, tensor: torch.Tensor) -> Dressed:
-        """The buffer's views and tensors; with them, where the sparse values are in the buffer and one input is
-        all of them (``alias``), that input as a view of them (what ``arrays`` would make at every batch)."""
-        layout, shapes = self.layout(rows)
-        array = tensor.numpy()
-        views = layout.views(array)
-        alias = self._alias
-        if alias is not None and alias in shapes and "sparse.values" in views and alias not in views:
-            views[alias] = views["sparse.values"].reshape(shapes[alias][0])
-        return Dressed(tensor, array, views, layout.torch_views(tensor))
+        asked = self._asked.get(rows)
+        if asked is None:  # (made once per size: no tuple and no function made per batch)
+            layout, shapes = self.layout(rows)  # (a function of the layout: no cycle back to this object)
+            asked = self._asked[rows] = ((layout.nbytes,), functools.partial(_dress, layout, shapes, self._alias))
+        return self._ring.dressed(asked[0], torch.uint8, asked[1])
 
     def delivered(self, data: dict[str, Any], names: tuple[str, ...], dressed: Dressed, rows: int, valid: bool
                   ) -> dict[str, Any]:
@@ -207,6 +201,16 @@ class BatchArrays:
 
         _, layout = transfer.pack(moving, allocate)
         return allocated[0], layout
+
+
+def _dress(layout: BufferLayout, shapes: dict, alias: str | None, tensor: torch.Tensor) -> Dressed:
+    """The buffer's views and tensors; with them, where the sparse values are in the buffer and one input is all
+    of them (``alias``), that input as a view of them (what ``BatchArrays.arrays`` would make at every batch)."""
+    array = tensor.numpy()
+    views = layout.views(array)
+    if alias is not None and alias in shapes and "sparse.values" in views and alias not in views:
+        views[alias] = views["sparse.values"].reshape(shapes[alias][0])
+    return Dressed(tensor, array, views, layout.torch_views(tensor))
 
 
 def _tensor_of(name: str, value, own: dict, tensors: dict, shared: dict):
