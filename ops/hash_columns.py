@@ -46,6 +46,11 @@ class HashPlan(RawRowsPlan):
         """Output rows the plan needs."""
         return int(self.targets.max()) + 1 if self.targets.size else 0
 
+    @functools.cached_property
+    def flat_sources(self) -> np.ndarray:
+        """``sources`` as one row (made once: a view made per batch holds the GIL)."""
+        return self.sources.reshape(-1)
+
     def __len__(self) -> int:
         return self.sources.shape[0]
 
@@ -89,7 +94,8 @@ def hash_columns(raw, plan: HashPlan, out=None):
     (int64 [>= max(targets) + 1, B], allocated when None; rows no key targets are left as they were)."""
     if not isinstance(plan, HashPlan):
         raise TypeError(f"plan must be a HashPlan (from hash_plan), got {type(plan).__name__}")
-    xp = array_module(raw=raw) if out is None else array_module(raw=raw, out=out)
+    xp = np if type(raw) is np.ndarray and (out is None or type(out) is np.ndarray) else \
+        array_module(raw=raw) if out is None else array_module(raw=raw, out=out)
     plan.check_raw(raw, np.int64)
     rows = plan.writes
     if out is None:
@@ -110,8 +116,7 @@ def hash_columns(raw, plan: HashPlan, out=None):
         return out
     native = kernels("murmur3")
     if native is not None and width == 1:
-        native.hash_columns(raw.view(np.uint32), plan.sources.reshape(-1), plan.num_buckets, plan.seeds,
-                            plan.targets, out)
+        native.hash_columns(raw.view(np.uint32), plan.flat_sources, plan.num_buckets, plan.seeds, plan.targets, out)
     elif native is not None:
         native.cross_columns(raw.view(np.uint32), np.ascontiguousarray(plan.sources[:, 0]),
                              np.ascontiguousarray(plan.sources[:, 1]),

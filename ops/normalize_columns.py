@@ -85,7 +85,8 @@ def normalize_columns(raw, plan: DensePlan, out=None):
     when None; C-contiguous)."""
     if not isinstance(plan, DensePlan):
         raise TypeError(f"plan must be a DensePlan (from dense_plan), got {type(plan).__name__}")
-    xp = array_module(raw=raw) if out is None else array_module(raw=raw, out=out)
+    xp = np if type(raw) is np.ndarray and (out is None or type(out) is np.ndarray) else \
+        array_module(raw=raw) if out is None else array_module(raw=raw, out=out)
     plan.check_raw(raw, np.float32)
     columns = plan.sources.shape[0]
     shape = (raw.shape[1], columns)

@@ -70,6 +70,8 @@ class FeatureRunner:
         # Row-by-row stages folded into reading the table (each chunk prepared once as it is read), if they can be.
         self._folded = Folded.plan(spec, cut, source)
         self._prepared = self._folded.rows_of(source) if self._folded is not None else None
+        # The CPU stages run over the rows read (parsing, and the stages folded into reading, done by then)
+        self._after_read = self._cpu_stages[1 + (len(self._folded.stages) if self._folded is not None else 0):]
         # Plans in flight: each thread finds its next plan queued when it finishes one.
         depth = max(self.prefetch, self.num_threads) + self.num_threads
         self._threads = PlanThreads(self.num_threads, depth)
@@ -123,7 +125,6 @@ class FeatureRunner:
             data, bad, charged, spent = self._folded.read(self._prepared, plan.indices, out, charge=timer.timing)
         else:
             data, bad = self._parse.read(self.source, plan.indices, out)
-        done = 1
         if timer.timing:
             took = timer.clock() - started
             if self._folded is not None:  # the gather's own time, and each folded stage's share of preparing
@@ -131,13 +132,11 @@ class FeatureRunner:
                 for stage in self._folded.stages:
                     timer.add(stage.name, charged.get(stage.name, 0.0))
             timer.add(self._parse.name, took)
-        if self._folded is not None:
-            done += len(self._folded.stages)
         if not timer.timing:
-            for stage in self._cpu_stages[done:]:
+            for stage in self._after_read:
                 data.update(stage.run(data, np, out))
             return data, bad
-        for stage in self._cpu_stages[done:]:
+        for stage in self._after_read:
             started = timer.start()
             data.update(stage.run(data, np, out))
             timer.stop(stage.name, started)
