@@ -40,3 +40,25 @@ def test_quoted_and_unquoted_parses_side_by_side_keep_their_values():
     assert not plain.bad.any() and not quoted.bad.any() and plain.exact and quoted.exact
     bad = parse_text(b"1\tx\nzz\ty\n", 2, tsv)
     assert bad.bad.tolist() == [False, True] and 1 in bad.reasons and bad.exact
+
+
+class _NoPass(np.ndarray):
+    """A bad-rows mask that refuses a pass over it (``pack_chunk`` knows from the reasons whether any row is bad)."""
+
+    def any(self, *args, **kwargs):
+        raise AssertionError("a pass over bad")
+
+
+def test_pack_chunk_tells_bad_rows_from_their_reasons_without_a_pass_over_bad():
+    from feedline.loader.sources.chunked import RowsChunk, pack_chunk
+
+    ints, missing = np.arange(6, dtype=np.int64).reshape(3, 2), np.zeros((3, 2), dtype=bool)
+    for bad, reasons in ((np.zeros(3, bool), {}), (np.array([False, True, False]), {1: "bad value"})):
+        packed = pack_chunk(RowsChunk({}, bad.view(_NoPass), reasons, ints, missing, None), ["a", "b"], [], [])
+        assert packed.any_bad is bool(reasons) and packed.reasons == reasons
+        assert packed.block.rows == 3 and np.shares_memory(packed.block.data, ints)  # (no float block: in place)
+    floats = np.array([[0.5], [1.5], [2.5]])
+    packed = pack_chunk(RowsChunk({}, np.zeros(3, bool).view(_NoPass), {}, ints, np.zeros((3, 3), bool), floats),
+                        ["a", "b"], ["f"], [])
+    assert packed.block.layout.shape == (3, 6)
+    assert packed.block.data[3 * 2 * 8:].view(np.float64).tolist() == [0.5, 1.5, 2.5]

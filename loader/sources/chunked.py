@@ -415,9 +415,11 @@ def pack_chunk(chunk: RowsChunk, int_names: list[str], float_names: list[str], l
         floats = np.stack([cols[k].values for k in float_names], axis=1) if float_names else None
         missing = np.stack([cols[k].missing for k in int_names + float_names], axis=1)
     ints = np.zeros((n, 0), np.int64) if ints is None else np.ascontiguousarray(ints, dtype=np.int64)
-    floats = np.zeros((n, 0), np.float64) if floats is None else np.ascontiguousarray(floats, dtype=np.float64)
+    # (floats None or of no columns: the block of the ints alone; row_major copies floats as float64. Whether
+    # any row is bad from its reasons: every bad row has one, ``note_bad`` reads it; no pass over ``bad``)
     block = ops.ColumnBlock.row_major(ints, np.ascontiguousarray(missing, dtype=bool), floats)
-    return PackedChunk(block, {k: cols[k] for k in list_names}, chunk.bad, chunk.reasons, bool(chunk.bad.any()))
+    return PackedChunk(block, {k: cols[k] for k in list_names} if list_names else {}, chunk.bad, chunk.reasons,
+                       bool(chunk.reasons))
 
 
 class ChunkArrays(NamedTuple):

@@ -221,7 +221,7 @@ class PreparedRows:
                     del self._spare[k]
                     return buffer[:words].reshape(rows, width), address
         buffer = np.empty(words, dtype=np.uint32)
-        return buffer.reshape(rows, width), buffer.ctypes.data
+        return buffer.reshape(rows, width), buffer.__array_interface__["data"][0]  # (no ndarray.ctypes: 2 Python calls)
 
     def _evict(self) -> None:
         """(Holding the lock.) The least recently read chunks that no batch is reading dropped, while more
