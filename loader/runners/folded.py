@@ -20,7 +20,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from ... import ops
-from ...pipelines.features import ROW_IDS, ROW_VALUE, ROW_VALUES, Parse
+from ...ops._native import kernels
+from ...ops.normalize_columns import _log1p_table
+from ...pipelines.features import MISSING_ID, ROW_IDS, ROW_VALUE, ROW_VALUES, DenseColumns, HashColumns, Parse
+from ..sources.chunked import ChunkedTable
 
 RUN_ROWS = 8192  # rows of a chunk prepared at a time (their arrays stay in the core's caches)
 SIZES_KEPT = 1024  # run sizes whose scratch views a thread keeps (then it starts again)
@@ -37,6 +40,7 @@ class Folded:
         self.layout = layout
         self.stage_names = (parse.name,) + tuple(stage.name for stage in stages)
         self._local = threading.local()
+        self._direct = _Direct.of(parse, stages, names, layout)
 
     @classmethod
     def plan(cls, spec, cut: int, source) -> Folded | None:
@@ -97,6 +101,13 @@ class Folded:
         seconds = dict.fromkeys(self.stage_names, 0.0)
         parse = self.parse.name
         rows = block.shape[0]
+        direct = self._direct
+        if direct is not None and type(source).gather_chunk is ChunkedTable.gather_chunk:
+            picks = source.picks(self.parse.label, self.parse.dense, self.parse.categorical)
+            for start in range(0, rows, RUN_ROWS):
+                stop = min(rows, start + RUN_ROWS)
+                direct.run(raw.block, picks, block, start, stop, self._scratch(stop - start), clock, seconds)
+            return seconds
         for start in range(0, rows, RUN_ROWS):
             stop = min(rows, start + RUN_ROWS)
             out = self._scratch(stop - start)
@@ -134,3 +145,70 @@ class Folded:
                 for name, (shape, _) in stage.shapes(rows).items():
                     out[name] = buffers[name][:math.prod(shape)].reshape(shape)
         return out
+
+
+class _Direct:
+    """Parse (from a table's chunk block), dense (fill, clip, log1p; no buckets) and hash, then the packing, as
+    their numba kernels, called straight from a run's scratch: the values ``Parse.read_chunk``,
+    ``DenseColumns.run``, ``HashColumns.run`` and ``ops.pack_rows`` give (the same kernels on the same arrays,
+    in the same order), without their Python wrappers and checks, whose shapes the scratch fixes. Each was a
+    few steps holding the GIL, run with the caches cold after a chunk's parse (~15 Python calls a chunk)."""
+
+    def __init__(self, natives: tuple, parse: Parse, dense: DenseColumns, hashes: HashColumns, layout: ops.RowLayout):
+        self.gather, self.normalize, self.murmur3, self.rows = natives
+        plan = dense.normalize_settings
+        self.dense = (plan.sources, plan.fill, plan.clip_min, plan.log, _log1p_table(self.normalize))
+        self.hashes = tuple((True, plan.flat_sources, None, plan.num_buckets, plan.seeds, plan.targets)
+                            if plan.sources.shape[1] == 1 else
+                            (False, np.ascontiguousarray(plan.sources[:, 0]), np.ascontiguousarray(plan.sources[:, 1]),
+                             plan.num_buckets, plan.seeds, plan.targets) for plan in hashes._plans)
+        self.names = (parse.name, dense.name, hashes.name)
+        self.layout = layout
+        self.steps = np.arange(RUN_ROWS, dtype=np.int64)  # (grown for a chunk of more rows; never written)
+
+    @classmethod
+    def of(cls, parse: Parse, stages: tuple, names: tuple, layout: ops.RowLayout) -> _Direct | None:
+        """Where the folded stages are just these (as ``Folded.plan`` names their outputs) and the kernels are
+        there; else None (the stages run as they are)."""
+        if len(stages) != 2 or type(stages[0]) is not DenseColumns or type(stages[1]) is not HashColumns:
+            return None
+        dense, hashes = stages
+        if parse.label is None or not parse.dense or not parse.categorical or parse.lists or not dense.dense \
+                or dense.bucketized or names != ("label", "dense", "categorical_ids", None) \
+                or dense.consumes != ("dense_raw",) or hashes.consumes != ("categorical_raw",):
+            return None
+        natives = tuple(kernels(name) for name in ("gather", "normalize", "murmur3", "rows"))
+        return None if None in natives else cls(natives, parse, dense, hashes, layout)
+
+    def run(self, chunk: ops.ColumnBlock, picks: np.ndarray, block: np.ndarray, start: int, stop: int,
+            out: dict, clock, seconds: dict) -> None:
+        """Rows ``start..stop`` of the chunk's ``block`` through the kernels into rows ``start..`` of ``block``."""
+        steps = self.steps
+        if steps.size < stop:
+            steps = self.steps = np.arange(stop, dtype=np.int64)
+        label, raw, ids_raw, dense, ids = (out["label"], out["dense_raw"], out["categorical_raw"], out["dense"],
+                                           out["categorical_ids"])
+        began = clock()
+        self.gather.gather_columns(chunk.data, chunk.flags, chunk.layout, picks, steps[start:stop],
+                                   steps[:stop - start], np.int64(MISSING_ID), label, raw, ids_raw)
+        took = clock()
+        parse, dense_name, hash_name = self.names
+        seconds[parse] += took - began
+        self.normalize.normalize_columns(raw, *self.dense, dense)
+        began, took = took, clock()
+        seconds[dense_name] += took - began
+        words = ids_raw.view(np.uint32)
+        for single, a, b, buckets, seeds, targets in self.hashes:
+            if single:
+                self.murmur3.hash_columns(words, a, buckets, seeds, targets, ids)
+            else:
+                self.murmur3.cross_columns(words, a, b, buckets, seeds, targets, ids)
+        began, took = took, clock()
+        seconds[hash_name] += took - began
+        if self.rows.pack_rows(block, block.view(np.float32), np.int64(start), np.int64(1), label, dense, ids,
+                               _NO_IDS) >= 0:
+            ops.pack_rows(block, start, self.layout, label=label, dense=dense, ids=ids)  # (raises the error)
+        seconds[parse] += clock() - took
+
+
+_NO_IDS = np.zeros((0, 0), dtype=np.int64)
