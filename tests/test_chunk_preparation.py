@@ -62,3 +62,28 @@ def test_pack_chunk_tells_bad_rows_from_their_reasons_without_a_pass_over_bad():
                         ["a", "b"], ["f"], [])
     assert packed.block.layout.shape == (3, 6)
     assert packed.block.data[3 * 2 * 8:].view(np.float64).tolist() == [0.5, 1.5, 2.5]
+
+
+def test_a_layout_without_lists_or_floats_parses_with_shared_empties_and_one_with_them_with_its_own(monkeypatch):
+    import feedline.loader.sources.text_parse as text_parse
+
+    seen = []
+    kernel = text_parse._parse
+
+    def spy(*args):
+        seen.append((args[16], args[17], args[22]))  # list_offsets, lists, fallback
+        return kernel(*args)
+
+    monkeypatch.setattr(text_parse, "_parse", spy)
+    plain = Layout((Column("a", ColumnKind.INT), Column("s", ColumnKind.STRING)))
+    for _ in range(2):
+        assert parse_text(b"1\tx\n2\ty\n", 2, plain).ints[:, 0].tolist() == [1, 2]
+    offsets, lists, fallback = text_parse._NO_LISTS + (text_parse._NO_FALLBACK,)
+    assert all(got[0] is offsets and got[1] is lists and got[2] is fallback for got in seen)
+    assert offsets.shape == (0, 1) and lists.shape == (0, 0) and fallback.shape == (0, 6)
+    mixed = Layout((Column("f", ColumnKind.FLOAT), Column("l", ColumnKind.INT_LIST)))
+    chunk = parse_text(b"1.5\t1|2\n1e400\t3\n", 2, mixed)
+    assert seen[-1][0] is not offsets and seen[-1][2] is not fallback
+    assert chunk.floats[0, 0] == 1.5 and chunk.bad.tolist() == [False, True]
+    assert chunk.lists["l"].offsets.tolist() == [0, 2, 2] and chunk.lists["l"].values.tolist() == [1, 2]
+    assert offsets.shape == (0, 1) and lists.shape == (0, 0) and fallback.shape == (0, 6)

@@ -859,6 +859,10 @@ def _with_read_only_view(scratch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 _NO_SCRATCH = _with_read_only_view(np.empty(1, dtype=np.uint8))  # where nothing is quoted (never written)
+# Where a layout has no list or float columns: its list offsets and values, and the floats left to Python, none
+# (no rows: never written; shared, not three arrays made per chunk, each a step holding the GIL)
+_NO_LISTS = (np.zeros((0, 1), dtype=np.int64), np.empty((0, 0), dtype=np.int64))
+_NO_FALLBACK = np.empty((0, 6), dtype=np.int64)
 
 
 def parse_text(data: bytes, rows: int, layout: Layout) -> TextChunk:
@@ -872,14 +876,16 @@ def parse_text(data: bytes, rows: int, layout: Layout) -> TextChunk:
     ints = block[:rows * num_ints].reshape(rows, num_ints)
     floats = block[rows * num_ints:].view(np.float64).reshape(rows, num_floats)
     missing = np.empty((rows, num_ints + num_floats), dtype=np.bool_)
-    list_offsets = np.zeros((num_lists, rows + 1), dtype=np.int64)
-    capacity = data.count(layout.list_delimiter.to_bytes(1, "little")) + rows if num_lists else 0
-    lists = np.empty((num_lists, capacity), dtype=np.int64)
+    if num_lists:
+        list_offsets = np.zeros((num_lists, rows + 1), dtype=np.int64)
+        lists = np.empty((num_lists, data.count(layout.list_delimiter.to_bytes(1, "little")) + rows), dtype=np.int64)
+    else:  # (shared: no rows, never written)
+        list_offsets, lists = _NO_LISTS
     err = np.empty(rows, dtype=np.int8)
     err_field = np.empty(rows, dtype=np.int64)
     err_start = np.empty(rows, dtype=np.int64)
     err_end = np.empty(rows, dtype=np.int64)
-    fallback = np.empty((rows * num_floats, 6), dtype=np.int64)
+    fallback = np.empty((rows * num_floats, 6), dtype=np.int64) if num_floats else _NO_FALLBACK
     scratch, unquoted = _with_read_only_view(np.empty(len(data) + 1, dtype=np.uint8)) if syntax.quoting \
         else _NO_SCRATCH
     fallbacks, end = _parse(b, rows, layout.kinds, layout.slots, layout.seeds, layout.required, layout.classes,
