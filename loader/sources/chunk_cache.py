@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from functools import partial
 from typing import Callable, NamedTuple
 
@@ -52,33 +52,46 @@ class ChunkCache:
         self._layouts: np.ndarray | None = None
         self._addressed = 0  # chunks with an address
         self._bit_flags = ((), b"")  # the shape and flag kinds of the last layout found all BIT_FLAGS
+        # What ``addressed`` gives, made once after each change of the cached chunks (under the lock, dropped by the
+        # change): a batch then builds no list of the chunks and copies no addresses (most batches change nothing).
+        self._snapshot: tuple[tuple, np.ndarray, np.ndarray] | None = None
 
     def grow(self, chunk_rows: np.ndarray, limit_rows: int) -> None:
         """The table has more chunks (an index built while read): ``chunk_rows`` extends the one given before."""
         with self._lock:
             self._chunk_rows, self.limit_rows = chunk_rows, limit_rows
+            self._snapshot = None
             if self._addresses is not None and chunk_rows.size > self._addresses.shape[0]:
                 grown = np.zeros((chunk_rows.size, 2), np.int64)
                 grown[:self._addresses.shape[0]] = self._addresses
                 self._addresses = grown
                 self._layouts = None if self._layouts is None else _grown(self._layouts, chunk_rows.size)
 
-    def addressed(self) -> tuple[list, np.ndarray, np.ndarray] | None:
+    def addressed(self) -> tuple[tuple, np.ndarray, np.ndarray] | None:
         """What ``ops.gather_table`` reads the cached chunks by: (every cached chunk, which the caller holds
         while the kernel reads them; a copy of their addresses by chunk number, 0 for any other; their layouts
-        by number), taken together; None where no cached chunk has an address."""
+        by number), taken together; None where no cached chunk has an address. The same objects until the cached
+        chunks change (never written: a change makes new ones), so most batches take them with no lock and no copy;
+        one taken just before a change holds the chunks it names, so their buffers are not read into meanwhile."""
+        snapshot = self._snapshot  # (one read: another thread may drop it at any time)
+        if snapshot is not None:
+            return snapshot
         with self._lock:
             if not self._addressed:
                 return None
-            return list(self._cache.values()), self._addresses.copy(), self._layouts
+            snapshot = self._snapshot = (tuple(self._cache.values()), self._addresses.copy(), self._layouts)
+            return snapshot
 
     def touch(self, chunks: list[int]) -> None:
         """The cached ones of ``chunks`` (in order) made the most lately used, as ``get_all`` does."""
         with self._lock:
-            cache = self._cache
-            for c in chunks:
-                if c in cache:
-                    cache.move_to_end(c)
+            try:  # (all cached, as they mostly are: one pass in C, no Python step per chunk)
+                deque(map(self._cache.move_to_end, chunks), 0)
+            except KeyError:  # one was dropped since: the same order, the dropped ones skipped
+                cache = self._cache
+                for c in chunks:
+                    if c in cache:
+                        cache.move_to_end(c)
 
     def _address(self, c: int, block) -> None:
         """(Holding the lock.) Chunk ``c``'s block noted by address, where its layout is like the others'."""
@@ -142,6 +155,7 @@ class ChunkCache:
 
     def _keep(self, c: int, chunk: PackedChunk) -> None:
         """(Holding the lock.) Chunk ``c`` cached, the least lately used dropped past ``limit_rows`` rows."""
+        self._snapshot = None  # (before anything changes: nothing reads the chunks and addresses of this change)
         self._cache[c] = chunk
         self._cached_rows += int(self._chunk_rows[c])
         if not chunk.any_bad:  # (a bad row is noted by the grouped gather)
