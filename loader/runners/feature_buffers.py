@@ -67,10 +67,12 @@ class BatchArrays:
         """The CPU stages' outputs that every batch of ``rows`` rows shares (``FeatureStage.constants``)."""
         constants = self._shared.get(rows)
         if constants is None:
-            constants = {}
+            made: dict[str, np.ndarray] = {}
             for stage in self._cpu_stages:
-                constants.update(stage.constants(rows))
-            self._shared[rows] = constants
+                made.update(stage.constants(rows))
+            # Threads that made them at the same time all take the first one kept: a thread that kept its own would
+            # hand its batches arrays that are not ``constant_tensors``' (a tensor made anew for each, every batch).
+            constants = self._shared.setdefault(rows, made)
         return constants
 
     def on_device(self, rows: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -164,7 +166,15 @@ class BatchArrays:
             elif isinstance(value, ops.Jagged):
                 parts = self._parts.get(name) or self._parts.setdefault(
                     name, tuple((key, f"{name}.{key}") for key in ("values", "lengths", "offsets")))
-                out[name] = {key: _tensor_of(full, getattr(value, key), own, tensors, shared) for key, full in parts}
+                (_, values), (_, lengths), (_, offsets) = parts
+                with_lengths, with_offsets = shared.get(lengths), shared.get(offsets)
+                if own.get(values) is value.values and with_lengths is not None and with_lengths[0] is value.lengths \
+                        and with_offsets is not None and with_offsets[0] is value.offsets:
+                    # (the usual case: values written in the buffer, one per key and row: what _tensor_of would give)
+                    out[name] = {"values": tensors[values], "lengths": with_lengths[1], "offsets": with_offsets[1]}
+                else:
+                    out[name] = {key: _tensor_of(full, getattr(value, key), own, tensors, shared)
+                                 for key, full in parts}
             else:
                 out[name] = _tensor_of(name, value, own, tensors, shared)
         out["index"] = tensors["index"]
@@ -175,9 +185,9 @@ class BatchArrays:
     def constant_tensors(self, rows: int) -> dict[str, tuple[np.ndarray, torch.Tensor]]:
         """The shared outputs of a batch of ``rows`` rows as (array, tensor sharing its memory), made once."""
         shared = self._constant_tensors.get(rows)
-        if shared is None:
-            shared = self._constant_tensors[rows] = {name: (array, torch.from_numpy(array))
-                                                     for name, array in self.constants(rows).items()}
+        if shared is None:  # (the first kept, as ``constants``)
+            shared = self._constant_tensors.setdefault(rows, {name: (array, torch.from_numpy(array))
+                                                              for name, array in self.constants(rows).items()})
         return shared
 
     def buffer(self, nbytes: int) -> tuple[Any, np.ndarray]:
