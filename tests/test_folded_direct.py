@@ -71,3 +71,19 @@ def test_dense_with_buckets_keeps_the_stages_path(tmp_path):
                    TabularFiles((str(path),), FileFormat.TSV, columns))
     runner = feature_runner(spec)
     assert runner._folded is not None and runner._folded._direct is None
+
+
+def test_without_numba_the_stages_run_as_they_are(tmp_path, monkeypatch):
+    from feedline.ops._native import kernels
+
+    path = tmp_path / "c.tsv"
+    make_criteo(path, 3000, seed=3)
+    monkeypatch.setenv("FEEDLINE_NUMBA", "0")
+    kernels.cache_clear()
+    try:
+        runner = feature_runner(criteo(str(path), table_sizes=1000))
+        assert runner._folded is not None and runner._folded._direct is None
+        assert _blocks(runner, direct=False)
+    finally:
+        monkeypatch.delenv("FEEDLINE_NUMBA")
+        kernels.cache_clear()
