@@ -35,10 +35,10 @@ def _array(out: Mapping[str, Any] | None, name: str, shape: tuple[int, ...], dty
 
 def _arrays(out: Mapping[str, Any] | None, shapes: Shapes, xp) -> dict[str, Any]:
     """The arrays of ``shapes``: the runner's preallocated ones where ``out`` has them all (a batch's usual case:
-    one look-up each, no call), else each as ``_array`` gives it."""
+    one look-up each, in C: no comprehension's frame), else each as ``_array`` gives it."""
     if out is not None:
         try:
-            return {name: out[name] for name in shapes}
+            return dict(zip(shapes, map(out.__getitem__, shapes)))
         except KeyError:
             pass
     return {name: _array(out, name, shape, dtype, xp) for name, (shape, dtype) in shapes.items()}
@@ -129,7 +129,8 @@ class Parse(FeatureStage):
         """Rows ``rows`` of ``source`` parsed, and which of them are bad. A source that gathers (a streamed
         table) writes them straight from its cached chunks into the arrays; any other goes through its
         ``read`` and :meth:`run`."""
-        arrays = _arrays(out, self.shapes_of(rows.size), np)
+        rows_n = rows.size  # (the shapes kept for this size looked up here: no call)
+        arrays = _arrays(out, self._shapes_made.get(rows_n) or self.shapes_of(rows_n), np)
         if not hasattr(source, "gather"):
             read = source.read(rows)
             return self.run({"columns": read.columns}, np, arrays), read.bad
@@ -198,9 +199,10 @@ class DenseColumns(FeatureStage):
     def run(self, data, xp, out=None) -> dict[str, Any]:
         raw = data["dense_raw"]
         result: dict[str, Any] = {}
-        if self.dense:
-            shape = (raw.shape[1], len(self.dense))
-            out_dense = _array(out, "dense", shape, np.float32, xp)
+        if self.dense:  # (the runner's array, else one made: ``_array``'s, without its call)
+            out_dense = None if out is None else out.get("dense")
+            if out_dense is None:
+                out_dense = xp.empty((raw.shape[1], len(self.dense)), dtype=np.float32)
             result["dense"] = ops.normalize_columns(raw, self.normalize_settings, out_dense)
         if self.bucketized:
             ids = _array(out, "bucketized", (len(self.bucketized), raw.shape[1]), np.int64, xp)
@@ -250,7 +252,9 @@ class HashColumns(FeatureStage):
 
     def run(self, data, xp, out=None) -> dict[str, Any]:
         raw = data["categorical_raw"]
-        ids = _array(out, "categorical_ids", (len(self.categorical) + len(self.crosses), raw.shape[1]), np.int64, xp)
+        ids = None if out is None else out.get("categorical_ids")  # (``_array``'s, without its call)
+        if ids is None:
+            ids = xp.empty((len(self.categorical) + len(self.crosses), raw.shape[1]), dtype=np.int64)
         for settings in self._plans:
             ops.hash_columns(raw, settings, ids)
         return {"categorical_ids": ids}
@@ -326,8 +330,11 @@ class AssembleSparse(FeatureStage):
             return {"sparse": self._jagged(data, xp)}
         name, row = self.sources[0]
         rows = data[name].shape[1]
-        arrays = _arrays(out, self.shapes_of(rows), xp)
-        values, lengths, offsets = arrays["sparse.values"], arrays["sparse.lengths"], arrays["sparse.offsets"]
+        try:  # (the runner's arrays, as a batch has them: three look-ups, no call)
+            values, lengths, offsets = out["sparse.values"], out["sparse.lengths"], out["sparse.offsets"]
+        except (KeyError, TypeError):  # (some, or no ``out``)
+            arrays = _arrays(out, self.shapes_of(rows), xp)
+            values, lengths, offsets = arrays["sparse.values"], arrays["sparse.lengths"], arrays["sparse.offsets"]
         written = out is not None and out.get("sparse.aliased") == self.alias and data[self.alias] is out[self.alias]
         if not written:  # (the runner had the ids written into values' memory, and they were)
             by_key = values.reshape(len(self.keys), rows)

@@ -120,22 +120,25 @@ class FeatureRunner:
     def _cpu_data(self, plan: BatchPlan, out: dict[str, np.ndarray], timer: StageTimer = NO_TIMER
                   ) -> tuple[dict[str, Any], np.ndarray]:
         """The CPU stages' arrays of ``plan``'s batch, and which of its rows are bad."""
-        started = timer.start()
-        if self._folded is not None:
-            data, bad, charged, spent = self._folded.read(self._prepared, plan.indices, out, charge=timer.timing)
-        else:
-            data, bad = self._parse.read(self.source, plan.indices, out)
-        if timer.timing:
-            took = timer.clock() - started
-            if self._folded is not None:  # the gather's own time, and each folded stage's share of preparing
-                took += charged.get(self._parse.name, 0.0) - spent
-                for stage in self._folded.stages:
-                    timer.add(stage.name, charged.get(stage.name, 0.0))
-            timer.add(self._parse.name, took)
-        if not timer.timing:
+        if not timer.timing:  # (a batch's usual case: no timer asked for the time, no charges looked at)
+            if self._folded is not None:
+                data, bad, _, _ = self._folded.read(self._prepared, plan.indices, out)
+            else:
+                data, bad = self._parse.read(self.source, plan.indices, out)
             for stage in self._after_read:
                 data.update(stage.run(data, np, out))
             return data, bad
+        started = timer.start()
+        if self._folded is not None:
+            data, bad, charged, spent = self._folded.read(self._prepared, plan.indices, out, charge=True)
+        else:
+            data, bad = self._parse.read(self.source, plan.indices, out)
+        took = timer.clock() - started
+        if self._folded is not None:  # the gather's own time, and each folded stage's share of preparing
+            took += charged.get(self._parse.name, 0.0) - spent
+            for stage in self._folded.stages:
+                timer.add(stage.name, charged.get(stage.name, 0.0))
+        timer.add(self._parse.name, took)
         for stage in self._after_read:
             started = timer.start()
             data.update(stage.run(data, np, out))
