@@ -31,6 +31,7 @@ from ..loader.devices import gpu_available
 from ..loader.epochs import batch_size_of, endless, measure_loader
 from ..loader.loader import Loader
 from ..pipelines.criteo import CATEGORICAL_NAMES, DENSE_NAMES, criteo
+from . import kernel_warmup
 from .trainer import check_trainer_step, cuda_sync, paired_rounds, trainer_summary
 
 TABLE_SIZE = 1_000_003
@@ -59,7 +60,7 @@ def bench_criteo(path: str | os.PathLike, batch_size: int = 8192, batches: int |
                  placement: str = "cpu", *, baseline: bool = True, shuffle: bool = True,
                  num_threads: int | None = None, baseline_rows: int | None = None,
                  trainer_step_ms: float | str | None = None, rounds: int = 5, settle_s: float | None = None,
-                 progress: bool = True) -> dict:
+                 progress: bool = True, warm_kernels: bool = True) -> dict:
     """Measure feedline and (``baseline``) the pandas baseline on the file at ``path``.
 
     ``batches``: None (default) times one whole epoch from constructing the Loader, which gives the end-to-end
@@ -68,7 +69,9 @@ def bench_criteo(path: str | os.PathLike, batch_size: int = 8192, batches: int |
     reads (None: all of them; its cost per row does not depend on the count, so fewer rows give the same rate
     sooner). ``trainer_step_ms``: None (no trainer), a step in milliseconds or ``"auto"`` (feedline's own batch
     time with no trainer): adds ``rounds`` alternating rounds without and then with the trainer, each after a
-    ``settle_s`` pause (None: ``SETTLE_S``).
+    ``settle_s`` pause (None: ``SETTLE_S``). ``warm_kernels``: first compile the numba kernels feedline will
+    run, in a process of its own over a sample of the data (:mod:`feedline.benchmarks.kernel_warmup`), so that a
+    new install's one-time compile is not timed.
     """
     step = check_trainer_step(trainer_step_ms)
     settle_s = SETTLE_S if settle_s is None else settle_s
@@ -86,21 +89,27 @@ def bench_criteo(path: str | os.PathLike, batch_size: int = 8192, batches: int |
         # feedline's threads run: a module half imported on one thread must not be seen by another.
         import numba  # noqa: F401
         import pandas  # noqa: F401
-    device = "cuda" if placement != "cpu" and gpu_available() else "cpu"
+    # What a new install compiles once, compiled before the clock starts (in a process of its own, so that this
+    # one still loads the kernels from numba's cache inside its timing, as a user's later process does): the
+    # table cache kept or not (the first epoch decides), so both.
+    warmed = kernel_warmup.warm_kernels(path, ("loader_cache_on", "loader_cache_off"), batch_size=batch_size,
+                                        table_size=TABLE_SIZE, placement=placement) if warm_kernels else None
     sync = cuda_sync()
     if sync is not None:
         sync()  # create the CUDA context before anything is timed
     rss_before = _peak_rss_mb()
+    compiled_before = kernel_warmup.compiled_kernels()
     began = time.perf_counter()
-    spec = criteo(path, table_sizes=TABLE_SIZE)
     # The table cache (on by default) in a folder of this run's own: every run starts from the text, as a first
     # run does, and leaves nothing beside the data.
     cache_dir = tempfile.mkdtemp(prefix="feedline-bench-cache-")
-    loader = Loader(spec, batch_size, placement=placement, device=device, shuffle=shuffle, seed=0,
-                    num_threads=num_threads, cache=CacheSettings(directory=cache_dir))
+    loader = open_loader(path, batch_size, placement, shuffle=shuffle, num_threads=num_threads,
+                         cache=CacheSettings(directory=cache_dir))
     opened = time.perf_counter()
     result = {"pipeline": "criteo", "placement": placement, "batch_size": batch_size, "shuffle": shuffle,
               "num_threads": loader.num_threads, "open_s": round(opened - began, 3)}
+    if warmed is not None:
+        result.update(warmed)
     try:
         mine = _time_loader(loader, batches, sync, began, opened)
         result["first_batch_s"] = round(mine["first_batch_s"], 3)
@@ -132,10 +141,24 @@ def bench_criteo(path: str | os.PathLike, batch_size: int = 8192, batches: int |
         decision = getattr(getattr(loader.source, "reader", None), "cache_decision", None)
         if decision is not None:
             result["table_cache"] = {"use": decision.use, "reason": decision.reason}
+        # feedline's epochs and rounds are all timed (the baseline runs no numba)
+        result.update(kernel_warmup.compiled_since(compiled_before))
+        if warmed is not None:
+            result.setdefault("notes", []).append(kernel_warmup.note(result))
     finally:
         loader.close()
         shutil.rmtree(cache_dir, ignore_errors=True)
     return result
+
+
+def open_loader(path: str, batch_size: int, placement: str = "cpu", *, shuffle: bool = True,
+                num_threads: int | None = None, cache: CacheSettings | str = "auto", last_batch: str = "partial",
+                table_size: int | None = TABLE_SIZE) -> Loader:
+    """The benchmark's Loader over the Criteo data at ``path`` (ids hashed into ``table_size`` buckets, None:
+    criteo's default; rows shuffled with seed 0; ``placement`` other than cpu on the GPU where one is usable)."""
+    device = "cuda" if placement != "cpu" and gpu_available() else "cpu"
+    return Loader(criteo(path, table_sizes=table_size), batch_size, placement=placement, device=device,
+                  shuffle=shuffle, seed=0, num_threads=num_threads, cache=cache, last_batch=last_batch)
 
 
 def _trainer_notes(result: dict, loader: Loader, path: str) -> list[str]:

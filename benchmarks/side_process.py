@@ -19,6 +19,7 @@ import traceback
 from typing import Any, Callable, Iterable
 
 from ..loader.epochs import batch_size_of, endless
+from .kernel_warmup import compiled_kernels, compiled_since
 from .peak_memory import peak_rss_mb
 from .trainer import run_trainer
 
@@ -60,6 +61,7 @@ def _serve(conn, opener: str, kwargs: dict, imports: tuple[str, ...]) -> None:
             importlib.import_module(module)
         open_side = _resolve(opener)
         conn.send({"ready": True, "pid": os.getpid(), "rss_after_imports_mb": rss_mb()})
+        compiled = compiled_kernels()  # (imports compile nothing; everything from here on is timed)
         opened, stream = None, None
         while True:
             command, args = conn.recv()
@@ -76,7 +78,7 @@ def _serve(conn, opener: str, kwargs: dict, imports: tuple[str, ...]) -> None:
                     stream.close()
                 if opened is not None:
                     opened.close()
-                conn.send({"peak_rss_mb": peak_rss_mb(), "rss_at_close_mb": rss_mb()})
+                conn.send({"peak_rss_mb": peak_rss_mb(), "rss_at_close_mb": rss_mb(), **compiled_since(compiled)})
                 return
             else:
                 raise ValueError(f"unknown command {command!r}")

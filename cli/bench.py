@@ -58,12 +58,21 @@ def run(parser: argparse.ArgumentParser, args) -> dict:
                          "--placement or --baseline")
         from ..benchmarks.remote_bench import bench_remote
         criteo = args.pipeline == "criteo"
-        return bench_remote(pipeline_spec(args.pipeline, args.data, args.output),
-                            batch_size=args.batch_size or (8192 if criteo else 64),
-                            remote_workers=args.remote_workers, cpus_per_worker=args.cpus_per_worker,
-                            address=args.ray_address, batches=args.batches or (100 if criteo else 150),
-                            rounds=args.rounds or 5, trainer_step_ms=args.trainer_step_ms,
-                            progress=not args.no_progress)
+        batch_size = args.batch_size or (8192 if criteo else 64)
+        warmed = None
+        if criteo:  # the kernels the local loader and the workers run, compiled before anything starts
+            from ..benchmarks import kernel_warmup
+            warmed = kernel_warmup.warm_kernels(args.data, ("loader_cache_on", "loader_cache_off"),
+                                                batch_size=batch_size, table_size=None, last_batch="drop")
+        result = bench_remote(pipeline_spec(args.pipeline, args.data, args.output), batch_size=batch_size,
+                              remote_workers=args.remote_workers, cpus_per_worker=args.cpus_per_worker,
+                              address=args.ray_address, batches=args.batches or (100 if criteo else 150),
+                              rounds=args.rounds or 5, trainer_step_ms=args.trainer_step_ms,
+                              progress=not args.no_progress)
+        if warmed is not None:
+            result.update(warmed)
+            result.setdefault("notes", []).append(kernel_warmup.note(result))
+        return result
     if args.baseline in ("torchrec", "pyarrow"):
         return _criteo_baseline(parser, args)
     if args.scratch is not None or args.gil_profile is not None:

@@ -1,0 +1,210 @@
+"""The numba kernels a benchmark will run, compiled before any clock starts, in a process of its own.
+
+feedline's CPU kernels are compiled at their first call and kept in numba's disk cache (``ops/_numba.py``); on a
+new install the cache is empty, and the first process that reads a table compiles every kernel it runs (some
+20 s on 2 cores). A benchmark that timed that process would report a new install's one-time compile, not what a
+user's steady use gives. So before any clock starts, :func:`warm_kernels` runs, in a process of its own, the same
+readers the benchmark will time (its own openers, with the same batch size and placement) over a sample of the
+same data in the same format: the first :data:`SAMPLE_ROWS` rows of a TSV (plain or ``.gz``) or Parquet file,
+written beside each other in a temporary folder; the data itself, a few batches an epoch, where it is a folder
+or a pattern. Each reader runs :data:`EPOCHS` epochs, so that the table cache both writes and reads back.
+
+The benchmark's timed processes then find every kernel in the cache and load it, as a user's later processes
+do: the load stays inside the timing. :func:`compiled_kernels` counts what a process compiled (numba's cache
+misses of feedline's kernels), so that a benchmark reports any compile left inside its timing
+(``kernels_compiled_in_timing``, 0 unless no cache folder is writable).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import gzip
+import itertools
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from ..loader.stream_order import DEFAULT_BUFFER_ROWS
+
+# More rows than the Loader keeps parsed (two shuffle buffers and a few chunks), so that its chunk cache evicts
+# as on a large file; fewer where the data has fewer.
+SAMPLE_ROWS = 3 * DEFAULT_BUFFER_ROWS
+EPOCHS = 3
+# Batches per epoch where the data is read itself (a folder or a pattern, of which no sample is made).
+BOUNDED_BATCHES = 4
+TIMEOUT_S = 900.0
+READERS = ("loader_cache_on", "loader_cache_off", "feedline_tsv", "feedline_converted", "pyarrow_numpy")
+_ROOT = __name__.split(".")[0]
+
+
+def note(result: dict) -> str:
+    """The report's sentence on the warm-up whose keys are in ``result``."""
+    return (f"kernel warm-up: before any clock started, a process of its own ran the feedline readers this bench "
+            f"times ({', '.join(result['kernel_warmup_readers'])}) over a sample of the data (its first "
+            f"{SAMPLE_ROWS:,} rows in the same format, or a few batches of a folder), {EPOCHS} epochs each, so that "
+            f"numba compiled any kernel missing from its disk cache: kernel_compile_s (the seconds it compiled, "
+            f"~0 where the cache held them all, as on every run after a new install's first), kernels_compiled, "
+            f"kernel_warmup_s (that whole process); the timed processes load the compiled kernels from the cache "
+            f"inside their timing, as a user's later processes do, and kernels_compiled_in_timing counts any "
+            f"compile left inside it (0 unless numba has no writable cache folder)")
+
+
+def compiled_kernels() -> dict[str, int]:
+    """The signatures this process has compiled for feedline's numba functions (kernels and their helpers:
+    numba's cache misses), by function name (``module.function``); empty before numba is imported. Loads from
+    the disk cache are not counted."""
+    if "numba" not in sys.modules:
+        return {}
+    from numba.core.dispatcher import Dispatcher
+
+    seen, counts = set(), {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == _ROOT or name.startswith(_ROOT + ".")):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, Dispatcher) and id(value) not in seen:
+                seen.add(id(value))
+                misses = sum(getattr(value, "_cache_misses", {}).values())
+                if misses:
+                    function = value.py_func
+                    counts[f"{function.__module__}.{function.__qualname__}"] = misses
+    return counts
+
+
+def compiled_since(before: dict[str, int]) -> dict:
+    """``kernels_compiled_in_timing``: the signatures compiled since :func:`compiled_kernels` gave ``before``,
+    and where there are any, ``kernels_compiled_in_timing_names``."""
+    now = compiled_kernels()
+    grown = {name: n - before.get(name, 0) for name, n in now.items() if n > before.get(name, 0)}
+    keys = {"kernels_compiled_in_timing": sum(grown.values())}
+    if grown:
+        keys["kernels_compiled_in_timing_names"] = sorted(grown)
+    return keys
+
+
+def warm_kernels(path: str | os.PathLike, readers: tuple[str, ...], *, batch_size: int, table_size: int | None,
+                 placement: str = "cpu", last_batch: str = "partial", timeout_s: float = TIMEOUT_S) -> dict:
+    """Run ``readers`` (names of :data:`READERS`) over a sample of the Criteo data at ``path`` in a process of
+    its own (``spawn``: the same interpreter, the same ``sys.path``, so the same package and numba cache), and
+    wait for it. Returns ``kernel_compile_s`` (seconds the process spent compiling), ``kernels_compiled``,
+    ``kernel_warmup_s`` (the process's whole time, start-up included) and ``kernel_warmup_readers``."""
+    unknown = [r for r in readers if r not in READERS]
+    if unknown or not readers:
+        raise ValueError(f"readers must be some of {', '.join(READERS)}, got {readers!r}")
+    job = {"path": os.fspath(path), "readers": tuple(readers), "batch_size": batch_size, "table_size": table_size,
+           "placement": placement, "last_batch": last_batch}
+    began = time.perf_counter()
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            done = pool.submit(warm, job).result(timeout=timeout_s)
+        except Exception as exc:
+            raise RuntimeError(f"the kernel warm-up (readers {', '.join(readers)} over a sample of "
+                               f"{job['path']!r}) failed: {type(exc).__name__}: {exc}") from exc
+    return {"kernel_compile_s": round(done["compile_s"], 3), "kernels_compiled": sum(done["compiled"].values()),
+            "kernel_warmup_s": round(time.perf_counter() - began, 3), "kernel_warmup_readers": list(readers)}
+
+
+def warm(job: dict) -> dict:
+    """The warm-up process's work (see :func:`warm_kernels`): ``compile_s`` and ``compiled``."""
+    from numba.core import event
+
+    timer = _compile_timer()
+
+    event.register("numba:compile", timer)
+    try:
+        with tempfile.TemporaryDirectory(prefix="feedline-kernel-warmup-") as work:
+            sample = sample_of(job["path"], os.path.join(work, "sample"), SAMPLE_ROWS)
+            for reader in job["readers"]:
+                _run(reader, sample or job["path"], None if sample else BOUNDED_BATCHES, job, work)
+    finally:
+        event.unregister("numba:compile", timer)
+    return {"compile_s": timer.seconds, "compiled": compiled_kernels()}
+
+
+def sample_of(path: str, folder: str, rows: int) -> str | None:
+    """The first ``rows`` rows of the file at ``path`` written, in its format and under its name, into
+    ``folder`` (created); the path of that sample, or None where ``path`` is not one file."""
+    if not os.path.isfile(path):
+        return None
+    os.makedirs(folder, exist_ok=True)
+    out = os.path.join(folder, os.path.basename(path))
+    lower = path.lower()
+    if lower.endswith((".parquet", ".pq")):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        source = pq.ParquetFile(path)
+        group_rows = source.metadata.row_group(0).num_rows if source.metadata.num_row_groups else rows
+        head = pa.Table.from_batches(itertools.islice(source.iter_batches(batch_size=rows), 1),
+                                     schema=source.schema_arrow)
+        pq.write_table(head, out, row_group_size=max(group_rows, 1))
+    elif lower.endswith(".gz"):
+        with gzip.open(path, "rb") as src, gzip.open(out, "wb") as dst:
+            dst.writelines(itertools.islice(src, rows))
+    else:
+        with open(path, "rb") as src, open(out, "wb") as dst:
+            dst.writelines(itertools.islice(src, rows))
+    return out
+
+
+def _run(reader: str, data: str, batches: int | None, job: dict, work: str) -> None:
+    from . import criteo_compare, pyarrow_baseline
+
+    size, table = job["batch_size"], job["table_size"]
+    if reader.startswith("loader_"):
+        from ..loader.cache_policy import CacheSettings
+        from . import criteo_bench
+
+        mode = reader.rpartition("_")[2]
+        folder = tempfile.mkdtemp(prefix="cache-", dir=work)
+        loader = criteo_bench.open_loader(data, size, job["placement"], table_size=table,
+                                          cache=CacheSettings(mode=mode, directory=folder),
+                                          last_batch=job["last_batch"])
+        _epochs(lambda: loader, loader.close, EPOCHS, batches)
+    elif reader == "pyarrow_numpy":
+        _epochs(pyarrow_baseline.open_numpy(data, size, table).make, None, 1, batches)
+    else:
+        if reader == "feedline_converted":
+            from ..cli import convert
+
+            folder = os.path.join(work, "converted")
+            convert.run(None, argparse.Namespace(inputs=[data], out=folder, on_error="raise", no_progress=True))
+            data = folder
+        opened = criteo_compare.open_feedline(data, size, table)
+        _epochs(opened.make, opened.close, EPOCHS, batches)
+
+
+def _epochs(make, close, epochs: int, batches: int | None) -> None:
+    try:
+        for _ in range(epochs):
+            epoch = iter(make())
+            for _ in itertools.islice(epoch, batches):
+                pass
+            getattr(epoch, "close", lambda: None)()
+    finally:
+        if close is not None:
+            close()
+
+
+def _compile_timer():
+    """A numba event listener whose ``seconds`` sums the outermost compiles (a kernel's compile compiles its
+    helpers inside it; numba compiles under one lock, so one at a time)."""
+    from numba.core import event
+
+    class CompileTimer(event.Listener):
+        seconds, depth, began = 0.0, 0, 0.0
+
+        def on_start(self, ev) -> None:
+            if self.depth == 0:
+                self.began = time.perf_counter()
+            self.depth += 1
+
+        def on_end(self, ev) -> None:
+            self.depth -= 1
+            if self.depth == 0:
+                self.seconds += time.perf_counter() - self.began
+
+    return CompileTimer()

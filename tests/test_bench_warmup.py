@@ -1,0 +1,107 @@
+"""The benchmarks compile feedline's numba kernels before any clock starts, in a process of their own over a
+sample of the data (``benchmarks/kernel_warmup.py``), so that a new install's one-time compile is not timed."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from feedline.benchmarks import criteo_bench, kernel_warmup
+from feedline.datagen.synthetic_criteo import make_criteo
+
+
+@pytest.fixture(scope="module")
+def tsv(tmp_path_factory):
+    path = tmp_path_factory.mktemp("warmup") / "day.tsv"
+    make_criteo(path, 3000, seed=0)
+    return path
+
+
+def test_a_sample_is_the_first_rows_in_the_same_format(tsv, tmp_path):
+    lines = tsv.read_bytes().splitlines(keepends=True)
+    sample = kernel_warmup.sample_of(str(tsv), str(tmp_path / "a"), 100)
+    assert os.path.basename(sample) == "day.tsv" and open(sample, "rb").read() == b"".join(lines[:100])
+    packed = tmp_path / "day.tsv.gz"
+    packed.write_bytes(gzip.compress(tsv.read_bytes()))
+    sample = kernel_warmup.sample_of(str(packed), str(tmp_path / "b"), 7)
+    assert sample.endswith("day.tsv.gz") and gzip.open(sample).read() == b"".join(lines[:7])
+    table = pa.table({"label": list(range(50)), "I1": [float(i) for i in range(50)]})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=10)
+    sample = kernel_warmup.sample_of(str(tmp_path / "t.parquet"), str(tmp_path / "c"), 25)
+    assert pq.read_table(sample).equals(table.slice(0, 25))
+    assert pq.ParquetFile(sample).metadata.row_group(0).num_rows == 10  # row groups as the data's
+    assert kernel_warmup.sample_of(str(tmp_path), str(tmp_path / "d"), 5) is None  # a folder: read itself
+
+
+def test_unknown_readers_are_refused(tsv):
+    with pytest.raises(ValueError, match="readers must be some of"):
+        kernel_warmup.warm_kernels(tsv, ("loader_cache_on", "pandas"), batch_size=8, table_size=10)
+    with pytest.raises(ValueError, match="readers must be some of"):
+        kernel_warmup.warm_kernels(tsv, (), batch_size=8, table_size=10)
+
+
+def test_the_criteo_bench_warms_the_kernels_before_its_clock_starts(tsv, monkeypatch):
+    events = []
+    monkeypatch.setattr(kernel_warmup, "warm_kernels", lambda path, readers, **kw: events.append(
+        ("warm", os.fspath(path), readers, kw["batch_size"])) or {"kernel_compile_s": 0.0, "kernels_compiled": 0,
+                                                                  "kernel_warmup_s": 0.0,
+                                                                  "kernel_warmup_readers": list(readers)})
+    opened = criteo_bench.open_loader
+    monkeypatch.setattr(criteo_bench, "open_loader", lambda *a, **kw: events.append(("open",)) or opened(*a, **kw))
+    result = criteo_bench.bench_criteo(tsv, batch_size=256, batches=2, baseline=False, progress=False)
+    assert events == [("warm", str(tsv), ("loader_cache_on", "loader_cache_off"), 256), ("open",)]
+    assert result["kernels_compiled_in_timing"] == 0 and result["kernel_warmup_readers"] == [
+        "loader_cache_on", "loader_cache_off"]
+    assert any(note.startswith("kernel warm-up: ") for note in result["notes"])
+    assert "kernel_compile_s" not in criteo_bench.bench_criteo(tsv, batch_size=256, batches=2, baseline=False,
+                                                               progress=False, warm_kernels=False)
+
+
+def test_compiles_are_counted_by_function_and_loads_are_not():
+    numba = pytest.importorskip("numba")
+    before = kernel_warmup.compiled_kernels()
+
+    # a function of feedline's own namespace, compiled here (no cache): one signature, then a second
+    kernel_warmup._probe = numba.njit(lambda x: x + 1)
+    try:
+        kernel_warmup._probe(1)
+        kernel_warmup._probe(1)
+        assert kernel_warmup.compiled_since(before) == {
+            "kernels_compiled_in_timing": 1,
+            "kernels_compiled_in_timing_names": [f"{__name__}.{test_compiles_are_counted_by_function_and_loads_are_not.__name__}"
+                                                 ".<locals>.<lambda>"]}
+        kernel_warmup._probe(1.5)
+        assert kernel_warmup.compiled_since(before)["kernels_compiled_in_timing"] == 2
+    finally:
+        del kernel_warmup._probe
+    assert kernel_warmup.compiled_since(kernel_warmup.compiled_kernels()) == {"kernels_compiled_in_timing": 0}
+
+
+@pytest.mark.slow
+def test_on_a_fresh_cache_the_warm_up_compiles_and_the_timed_run_only_loads(tsv, tmp_path):
+    """A new install's first bench: the warm-up process fills an empty numba cache, and the timed process
+    compiles nothing (its kernels load from the cache). A second run finds everything cached."""
+    cache = tmp_path / "numba-cache"
+    cache.mkdir()
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+
+    def bench(name: str) -> dict:
+        out = tmp_path / name
+        subprocess.run([sys.executable, "-m", "feedline.cli", "bench", "--pipeline", "criteo", "--data", str(tsv),
+                        "--batch-size", "512", "--batches", "3", "--baseline", "none", "--no-progress",
+                        "--json", str(out)], env=env, check=True, capture_output=True, cwd=tmp_path)
+        return json.loads(out.read_text())
+
+    first = bench("first.json")
+    assert first["kernels_compiled"] > 10 and first["kernel_compile_s"] > 0
+    assert any(name.endswith(".nbi") for _, _, names in os.walk(cache) for name in names)
+    assert first["kernels_compiled_in_timing"] == 0
+    again = bench("again.json")
+    assert again["kernels_compiled"] == 0 and again["kernel_compile_s"] == 0
+    assert again["kernels_compiled_in_timing"] == 0
