@@ -108,4 +108,6 @@ class Dressed:
         self._counts = self._now()
 
     def free(self) -> bool:
-        return self._now() == self._counts
+        # (``_now`` written out: a Python call fewer for each buffer looked at, every batch)
+        return (sys.getrefcount(self.tensor), torch._C._storage_Use_Count(self._storage),
+                *map(sys.getrefcount, self._watched)) == self._counts

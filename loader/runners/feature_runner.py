@@ -117,17 +117,10 @@ class FeatureRunner:
         self._warmed.warm(touched_chunks(plan.indices, self.source.first_row, self.source.num_rows, *share).tolist())
 
     # ---- the CPU part ---------------------------------------------------------------------------------
-    def _cpu_data(self, plan: BatchPlan, out: dict[str, np.ndarray], timer: StageTimer = NO_TIMER
+    def _cpu_data(self, plan: BatchPlan, out: dict[str, np.ndarray], timer: StageTimer
                   ) -> tuple[dict[str, Any], np.ndarray]:
-        """The CPU stages' arrays of ``plan``'s batch, and which of its rows are bad."""
-        if not timer.timing:  # (a batch's usual case: no timer asked for the time, no charges looked at)
-            if self._folded is not None:
-                data, bad, _, _ = self._folded.read(self._prepared, plan.indices, out)
-            else:
-                data, bad = self._parse.read(self.source, plan.indices, out)
-            for stage in self._after_read:
-                data.update(stage.run(data, np, out))
-            return data, bad
+        """The CPU stages' arrays of ``plan``'s batch, and which of its rows are bad, each stage timed by ``timer``
+        (``profile``; a batch made for delivery runs them in ``_host_part``, untimed)."""
         started = timer.start()
         if self._folded is not None:
             data, bad, charged, spent = self._folded.read(self._prepared, plan.indices, out, charge=True)
@@ -156,7 +149,13 @@ class FeatureRunner:
             layout, _ = self._batch_arrays.layout(rows)
             tensor, buffer = self._batch_arrays.buffer(layout.nbytes)
             out = self._batch_arrays.arrays(rows, buffer)
-        data, bad = self._cpu_data(plan, out)
+        # The CPU stages, untimed (``_cpu_data`` times them): no timer called, no charges looked at.
+        if self._folded is not None:
+            data, bad, _, _ = self._folded.read(self._prepared, plan.indices, out)
+        else:
+            data, bad = self._parse.read(self.source, plan.indices, out)
+        for stage in self._after_read:
+            data.update(stage.run(data, np, out))
         # The rows and their validity written in one GIL-free pass that counts the valid ones (no look at the masks
         # holding the GIL: a mask's argmax after the kernels' passes took ~7 us a batch, cold in the cache)
         all_valid = batch_rows(plan.indices, plan.valid, bad, out["index"], out["valid"]) == rows
