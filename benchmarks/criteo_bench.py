@@ -32,7 +32,7 @@ from ..loader.epochs import batch_size_of, endless, measure_loader
 from ..loader.loader import Loader
 from ..pipelines.criteo import CATEGORICAL_NAMES, DENSE_NAMES, criteo
 from . import kernel_warmup
-from .trainer import check_trainer_step, cuda_sync, paired_rounds, trainer_summary
+from .trainer import CEILING_NOTE, ceiling_summary, check_trainer_step, cuda_sync, paired_rounds, trainer_summary
 
 TABLE_SIZE = 1_000_003
 WARMUP_BATCHES = 2
@@ -181,7 +181,8 @@ def _trainer_notes(result: dict, loader: Loader, path: str) -> list[str]:
                                   "itself for the pandas baseline, whose batches a plain generator makes on that "
                                   "thread" if result.get("trainer_slice") else
                                   "no side's thread had the trainer's short scheduler slice (FEEDLINE_TRAINER_SLICE=0, "
-                                  "or not available here)")]
+                                  "or not available here)"),
+             CEILING_NOTE]
     cached = None
     if not os.path.isdir(path) and not path.lower().endswith((".parquet", ".pq")):
         cached = cached_note("feedline", len(loader.source), loader.shuffle_buffer)
@@ -301,11 +302,12 @@ def _with_trainer(loader: Loader, frame, step, *, batch_size: int, batches: int 
     try:
         runs = paired_rounds(contenders, readahead=readahead, rounds=rounds, per_round=(batches or 1) // rounds or 1,
                              step=step, round_s=ROUND_S, settle_s=settle_s, sync=sync, progress=progress,
-                             desc="bench")
+                             desc="bench", ceiling=True)
     finally:
         if sliced:
             latency.restore(tid)
     summary = trainer_summary(runs["capacity"], runs["loaded"], runs["step_s"], auto=step == "auto",
                               baseline="baseline" if frame is not None else None, paired=True)
     return {"rounds": rounds, "batches_per_round": runs["per_round"], "untimed_batches_per_round": runs["untimed"],
-            "readahead_batches": readahead, "trainer_slice": sliced, **summary}
+            "readahead_batches": readahead, "trainer_slice": sliced, **summary,
+            **ceiling_summary(runs["ceiling"], runs["step_s"])}

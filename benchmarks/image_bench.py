@@ -14,7 +14,8 @@ from ..pipelines import image
 from ..pipelines.image_sources import WebDataset
 from ..pipelines.validate import one_of, positive_int
 from . import image_baselines
-from .trainer import check_trainer_step, cuda_sync, median_rate, paired_rounds, trainer_summary
+from .trainer import (CEILING_NOTE, ceiling_summary, check_trainer_step, cuda_sync, median_rate, paired_rounds,
+                      trainer_summary)
 
 # Both loaders read ahead in the background (DataLoader workers, feedline's prefetch queue); after a switch the
 # idle one refills its queue, which would steal cores from the one being timed.
@@ -58,7 +59,7 @@ def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "c
         sync()  # create the CUDA context before anything is timed
     runs = paired_rounds({name: (lambda l=loader: l) for name, loader in contenders.items()}, readahead=readahead,
                          rounds=rounds, per_round=max(batches // rounds, 1), step=step, warmup=warmup,
-                         settle_s=settle_s, sync=sync, progress=progress, desc=f"bench {pipeline}")
+                         settle_s=settle_s, sync=sync, progress=progress, desc=f"bench {pipeline}", ceiling=True)
     capacity, loaded, step_s = runs["capacity"], runs["loaded"], runs["step_s"]
     per_round, untimed = runs["per_round"]["feedline"], runs["untimed"]
     feedline = contenders["feedline"]
@@ -78,6 +79,7 @@ def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "c
     if loaded is not None:
         result.update(trainer_summary(capacity, loaded, step_s, auto=step == "auto",
                                       baseline="baseline" if baseline else None, paired=True))
+        result.update(ceiling_summary(runs["ceiling"], step_s))
     if bound and not isinstance(spec.source, WebDataset):  # the decode bound decodes files by path
         files = list(feedline.source.paths[: max(batch_size * batches, 512)])
         decode = image_baselines.decode_bound(files, workers=cores)
@@ -85,6 +87,8 @@ def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "c
         result["bound_source"] = decode["bound_source"]
         result["fraction_of_bound"] = result["feedline_samples_per_s"] / decode["bound_samples_per_s"]
         result["notes"] = [bound_note(spec)]
+    if loaded is not None:
+        result.setdefault("notes", []).append(CEILING_NOTE)
     return result
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import math
 import statistics
 import sys
@@ -178,7 +179,7 @@ def alternate(streams: Mapping[str, Iterator], *, rounds: int, per_round: int, u
 def paired_rounds(makers: Mapping[str, Callable[[], Iterable]], *, readahead: Mapping[str, int], rounds: int,
                   per_round: int, step: float | str | None = None, round_s: float | None = None, warmup: int = 0,
                   settle_s: float = 0.0, sync: Callable[[], None] | None = None, progress: bool = False,
-                  desc: str = "bench", main: str = "feedline") -> dict:
+                  desc: str = "bench", main: str = "feedline", ceiling: bool = False) -> dict:
     """Every loader of ``makers`` (name -> ``lambda: loader``, run epoch after epoch) in turn, each turn after a
     ``settle_s`` pause (the other loaders' read-ahead refills during it instead of during the timed batches).
 
@@ -193,8 +194,12 @@ def paired_rounds(makers: Mapping[str, Callable[[], Iterable]], *, readahead: Ma
     every trainer round sits between two capacity rounds of its loader (see :func:`trainer_summary`'s
     ``paired``). With no ``step``, ``rounds`` capacity rounds in all.
 
-    Returns ``capacity`` and ``loaded`` (None with no step): every round's result per loader; ``step_s``;
-    ``per_round`` (timed batches per round, per loader) and ``untimed``."""
+    With ``ceiling`` and a step, each turn ends with a ceiling round: the same trainer, step and batches as
+    ``main``'s rounds, over a loader that costs nothing (the same batch again, :func:`free_batches`), after the
+    same pause: what the simulation itself reaches at best on this machine now (its sleeps wake late).
+
+    Returns ``capacity`` and ``loaded`` (None with no step): every round's result per loader; ``ceiling`` (the
+    ceiling rounds, or None); ``step_s``; ``per_round`` (timed batches per round, per loader) and ``untimed``."""
     positive_int("rounds", rounds)
     untimed = max(max(readahead.values()), 1)
     counts = {name: max(positive_int("per_round", per_round), ROUND_OVER_READAHEAD * untimed) for name in makers}
@@ -228,16 +233,48 @@ def paired_rounds(makers: Mapping[str, Callable[[], Iterable]], *, readahead: Ma
                 capacity[name].append(turn(name, 0.0))
             step_s = None if step is None else resolve_step_s(step, capacity[main])
             loaded = None if step_s is None else {name: [] for name in streams}
+            free = free_batches(capacity[main][0]) if ceiling and step_s is not None else None
+            ceilings = None if free is None else []
             for _ in range(rounds if step_s is not None else rounds - 1):
                 for name in streams:
                     settle()
                     if loaded is not None:
                         loaded[name].append(turn(name, step_s))
                     capacity[name].append(turn(name, 0.0))
+                if free is not None:
+                    settle()
+                    bar.set_description(f"{desc} trainer ceiling {step_s * 1e3:.1f} ms")
+                    ceilings.append(run_trainer(free, counts[main], step_s, sync, warmup=untimed))
         finally:
             for stream in streams.values():
                 stream.close()
-    return {"capacity": capacity, "loaded": loaded, "step_s": step_s, "per_round": counts, "untimed": untimed}
+    return {"capacity": capacity, "loaded": loaded, "ceiling": ceilings, "step_s": step_s, "per_round": counts,
+            "untimed": untimed}
+
+
+def free_batches(like: dict) -> Iterator:
+    """A loader that costs nothing: the same batch, endlessly, of the mean size of the round ``like``."""
+    import numpy as np
+
+    return itertools.repeat(np.zeros(max(round(like["samples"] / like["batches"]), 1), dtype=np.uint8))
+
+
+def ceiling_summary(runs: list[dict], step_s: float) -> dict:
+    """The report's keys of the ceiling rounds (:func:`paired_rounds` with ``ceiling``): the trainer's
+    efficiency over a loader that costs nothing (delivered / demand: only the step's own overrun and the loop
+    keep it under 1), median and per round, its step overrun (measured - asked) and its wait share."""
+    each = [efficiency(r["samples_per_s"], math.inf, r["demand_samples_per_s"]) for r in runs]
+    return {"trainer_ceiling_efficiency": statistics.median(each),
+            "trainer_ceiling_efficiency_per_round": [round(e, 3) for e in each],
+            "trainer_ceiling_overrun_ms": 1000.0 * (statistics.median(r["slept_s"] for r in runs) - step_s),
+            "trainer_ceiling_wait_share": statistics.median(r["wait_share"] for r in runs)}
+
+
+CEILING_NOTE = ("trainer_ceiling_efficiency: the same trainer rounds (same step and batches as feedline's) over a "
+                "loader that costs nothing (the same batch again), one after each turn of the trainer rounds, "
+                "median: what the simulation itself reaches at best on this machine now, held under 1 by the "
+                "step's sleep waking late (trainer_ceiling_overrun_ms) and the loop's own time; efficiency is "
+                "measured as before, so compare it with this ceiling, not with 1")
 
 
 def median_rate(runs: list[dict]) -> float:

@@ -3,6 +3,7 @@ times are known, the efficiency formula, the report's keys at tiny sizes, and th
 
 These test the arithmetic, never the speed of a real loader: bounds are generous (other work may share the
 machine), and only fake loaders' times are compared with what they were told to take."""
+import itertools
 import json
 import math
 import queue
@@ -13,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from feedline.benchmarks import criteo_bench, image_baselines, image_bench
+from feedline.benchmarks import criteo_bench, image_baselines, image_bench, trainer
 from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.benchmarks.trainer import (alternate, auto_step_s, check_trainer_step, efficiency, paired_efficiencies,
                                          paired_rounds, resolve_step_s, run_trainer, trainer_summary)
@@ -201,6 +202,37 @@ def test_paired_rounds_put_every_trainer_round_between_two_capacity_rounds():
     assert alone["loaded"] is None and alone["step_s"] is None and len(alone["capacity"]["a"]) == 3
 
 
+def test_ceiling_rounds_run_the_same_trainer_over_a_loader_that_costs_nothing():
+    turns = []
+    slow = made_on_the_iterating_thread(0.003)
+
+    def timed(stream, batches, step_s, sync=None, *, warmup=0, per_step=False):
+        turns.append(("free" if isinstance(stream, itertools.repeat) else "a", batches, step_s, warmup))
+        return run_trainer(stream, batches, step_s, sync, warmup=warmup)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trainer, "run_trainer", timed)
+        runs = paired_rounds({"a": lambda: slow}, readahead={"a": 1}, rounds=2, per_round=4, step=2.0, main="a",
+                             ceiling=True)
+    # after each turn of trainer (2 ms) and capacity rounds, a ceiling round with the same step and batches
+    assert turns == [("a", 4, 0.0, 1), ("a", 4, 0.002, 1), ("a", 4, 0.0, 1), ("free", 4, 0.002, 1),
+                     ("a", 4, 0.002, 1), ("a", 4, 0.0, 1), ("free", 4, 0.002, 1)]
+    assert len(runs["ceiling"]) == 2 and all(r["samples"] == 4 * SIZE for r in runs["ceiling"])
+    summary = trainer.ceiling_summary(runs["ceiling"], runs["step_s"])
+    each = [r["samples_per_s"] / r["demand_samples_per_s"] for r in runs["ceiling"]]
+    assert summary["trainer_ceiling_efficiency"] == pytest.approx(statistics.median(each))
+    assert summary["trainer_ceiling_efficiency_per_round"] == [round(e, 3) for e in each]
+    # a sleep never ends early: at most 1, no negative overrun
+    assert 0 < summary["trainer_ceiling_efficiency"] <= 1 and summary["trainer_ceiling_overrun_ms"] >= 0
+    assert summary["trainer_ceiling_overrun_ms"] == pytest.approx(
+        1e3 * (statistics.median(r["slept_s"] for r in runs["ceiling"]) - 0.002))
+    # no step, or no ceiling asked for: no ceiling rounds
+    assert paired_rounds({"a": lambda: slow}, readahead={"a": 0}, rounds=1, per_round=2, main="a",
+                         ceiling=True)["ceiling"] is None
+    assert paired_rounds({"a": lambda: slow}, readahead={"a": 0}, rounds=1, per_round=2, step=1.0,
+                         main="a")["ceiling"] is None
+
+
 def test_a_paired_round_counts_against_the_capacity_around_it():
     capacity = [fake_run(400.0), fake_run(200.0), fake_run(400.0)]
     loaded = [fake_run(250.0, step_s=SIZE / 400.0), fake_run(300.0, step_s=SIZE / 400.0)]
@@ -252,6 +284,12 @@ def check_trainer_keys(result: dict, *, baseline: bool) -> None:
                             / result["baseline_delivered_samples_per_s"])
     else:
         assert not any(k in result for k in BASELINE_TRAINER_KEYS)
+    # the trainer's own ceiling, measured in the same run: one round after each turn, same step; a sleep never
+    # ends early, so it is at most 1 and its overrun is never negative
+    assert len(result["trainer_ceiling_efficiency_per_round"]) == result["rounds"]
+    assert 0 < result["trainer_ceiling_efficiency"] <= 1 and result["trainer_ceiling_overrun_ms"] >= 0
+    assert 0 <= result["trainer_ceiling_wait_share"] < 1
+    assert any(note.startswith("trainer_ceiling_efficiency: ") for note in result["notes"])
 
 
 def test_image_train_with_auto_step_and_the_torchvision_baseline(image_dir, tmp_path, quick):
