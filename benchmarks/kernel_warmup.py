@@ -48,8 +48,10 @@ def note(result: dict) -> str:
             f"numba compiled any kernel missing from its disk cache: kernel_compile_s (the seconds it compiled, "
             f"~0 where the cache held them all, as on every run after a new install's first), kernels_compiled, "
             f"kernel_warmup_s (that whole process); the timed processes load the compiled kernels from the cache "
-            f"inside their timing, as a user's later processes do, and kernels_compiled_in_timing counts any "
-            f"compile left inside it (0 unless numba has no writable cache folder)")
+            f"inside their timing, as a user's later processes do"
+            + (", and kernels_compiled_in_timing counts any compile left inside it (0 unless numba has no writable "
+               "cache folder)" if "kernels_compiled_in_timing" in result else
+               " (the remote workers' compiles are not counted: compare first_batch_s with a warm run)"))
 
 
 def compiled_kernels() -> dict[str, int]:

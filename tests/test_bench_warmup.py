@@ -39,6 +39,12 @@ def test_a_sample_is_the_first_rows_in_the_same_format(tsv, tmp_path):
     assert kernel_warmup.sample_of(str(tmp_path), str(tmp_path / "d"), 5) is None  # a folder: read itself
 
 
+def test_the_note_names_the_count_in_timing_only_where_it_is_reported():
+    keys = {"kernel_warmup_readers": ["loader_cache_on"]}
+    assert "kernels_compiled_in_timing counts" in kernel_warmup.note({**keys, "kernels_compiled_in_timing": 0})
+    assert "kernels_compiled_in_timing" not in kernel_warmup.note(keys)
+
+
 def test_unknown_readers_are_refused(tsv):
     with pytest.raises(ValueError, match="readers must be some of"):
         kernel_warmup.warm_kernels(tsv, ("loader_cache_on", "pandas"), batch_size=8, table_size=10)
