@@ -77,7 +77,7 @@ def test_a_cached_table_is_gathered_in_one_call_with_the_bits_of_the_grouped_gat
 @needs_numba
 def test_chunks_not_cached_are_left_to_the_grouped_gather(tables, monkeypatch):
     text, conv = tables
-    source = open_source(conv.source, cache_rows=1)  # room for 4 chunks; the rows below touch all 12
+    source = open_source(conv.source, cache_rows=1)  # room for 6 chunks; the rows below touch all 12
     reference = open_source(text.source, cache_rows=ROWS)
     answers = counting(monkeypatch)
     rows = np.random.default_rng(9).permutation(ROWS)[:2500]
@@ -97,6 +97,45 @@ def test_chunks_not_cached_are_left_to_the_grouped_gather(tables, monkeypatch):
     with pytest.raises(IndexError):
         gathered(conv, source, np.array([0, ROWS], np.int64))
     assert answers[-1] == -2 and source.uncached_gathers == 1  # (rows out of range: not a chunk missing)
+
+
+def rows_of(source, chunks):
+    return np.concatenate([np.arange(source.first_row[c], source.first_row[c] + source.chunk_rows[c]) for c in chunks])
+
+
+@needs_numba
+def test_chunks_warmed_for_the_next_buffer_full_outlive_those_gathered_again(tables, monkeypatch):
+    """The cache drops chunks in the order they were warmed (the order the batches need them in): the chunks of the
+    buffer-full being gathered, read by batch after batch, are dropped before those warmed for the next one (when a
+    gather made its chunks the most lately used, the next buffer-full's were dropped and read again: ~10-20% of an
+    epoch's chunk loads of data/criteo.tsv's table cache)."""
+    text, conv = tables
+    monkeypatch.setattr(chunked, "CHUNKS_BEYOND", 0)
+    source = open_source(conv.source, cache_rows=4 * CHUNK)  # room for 4 chunks
+    reference = open_source(text.source, cache_rows=ROWS)
+    answers = counting(monkeypatch)
+    now = np.random.default_rng(3).permutation(rows_of(source, [0, 1]))
+    source.warm([0, 1])
+    assert gathered(conv, source, now[:200]) == gathered(conv, reference, now[:200])
+    source.warm([2, 3])  # the next buffer-full's
+    assert gathered(conv, source, now[200:]) == gathered(conv, reference, now[200:])
+    source.warm([4, 5])  # the one after: drops the chunks of the buffer-full done, not those warmed for the next
+    assert sorted(source._cache) == [2, 3, 4, 5]
+    assert answers == [2, 2] and source.uncached_gathers == 0
+
+
+@needs_numba
+def test_a_chunk_not_yet_cached_is_read_and_the_gather_stays_one_call(tables, monkeypatch):
+    """A gather by address that meets a chunk not cached (mostly one another thread is warming) reads it (or waits
+    for it) and gathers by address again, where the cache holds every chunk the rows touch."""
+    text, conv = tables
+    source = open_source(conv.source, cache_rows=1)  # room for 6 chunks
+    reference = open_source(text.source, cache_rows=ROWS)
+    answers = counting(monkeypatch)
+    source.warm([0, 1])
+    rows = np.random.default_rng(4).permutation(rows_of(source, [0, 1, 2]))
+    assert gathered(conv, source, rows) == gathered(conv, reference, rows)
+    assert answers == [-1, 3] and source.uncached_gathers == 0 and sorted(source._cache) == [0, 1, 2]
 
 
 @needs_numba

@@ -218,7 +218,11 @@ def test_a_file_changed_after_opening_is_not_read_from_the_cache(made, tmp_path)
     path = copy(made, "day.tsv", tmp_path)
     table = open_source(criteo(path, on_error="skip").source, cache_rows=0,
                         cache=CacheSettings(mode=CacheMode.ON))
-    first = table.read(np.arange(ROWS)).columns["label"].values[0]  # every chunk kept; chunk 0 no longer in memory
+    # Every chunk kept, read one after another, so that chunk 0, read first, is no longer in memory.
+    first = table.read(np.array([0])).columns["label"].values[0]
+    for c in range(1, table.first_row.size):
+        table.read(np.array([table.first_row[c]]))
+    assert 0 not in list(table._cache)
     assert len(chunk_files(path)) == 9
     with open(path, "r+b") as f:  # the first line's label changes in place
         f.write(b"1" if f.read(1) == b"0" else b"0")

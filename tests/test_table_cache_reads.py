@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from feedline.loader.cache_policy import CacheMode, CacheSettings
-from feedline.loader.sources import cached_chunks, open_source, table_cache, tsv
+from feedline.loader.sources import cached_chunks, chunked, open_source, table_cache, tsv
 from feedline.pipelines.criteo import criteo
 from feedline.loader.sources.table_rows import ListColumn
 
@@ -68,9 +68,10 @@ def _same(a, b) -> bool:
 
 def test_a_chunk_file_changed_under_a_table_is_read_whole_again_or_parsed(made, tmp_path, monkeypatch):
     path = copy(made, "day.tsv", tmp_path)
+    monkeypatch.setattr(chunked, "CHUNKS_BEYOND", 3)  # room for three chunks in memory
     plain = open_source(criteo(path, on_error="skip").source, cache_rows=0, cache=CacheSettings(mode=CacheMode.OFF))
     table = open_source(criteo(path, on_error="skip").source, cache_rows=0, cache=CacheSettings(mode=CacheMode.ON))
-    table.read(np.arange(ROWS))  # every chunk parsed and kept (its file known); the last four held in memory
+    table.read(np.arange(ROWS))  # every chunk parsed and kept (its file known); three held in memory
     files = chunk_files(path)
     bad = set((np.searchsorted(table.first_row, np.array(BAD_LINES) - 1, side="right") - 1).tolist())
     assert len(files) == 9 and 0 in bad
@@ -88,6 +89,7 @@ def test_a_chunk_file_changed_under_a_table_is_read_whole_again_or_parsed(made, 
     rows = np.concatenate([np.arange(int(table.first_row[c]), int(table.first_row[c + 1])) for c in changed])
     expected = plain.read(rows)
     table.read(np.arange(int(table.first_row[3])))  # chunks 0-2 held: the others no longer
+    assert sorted(table._cache) == [0, 1, 2]
     calls = Calls(monkeypatch, (tsv.TsvFormat, "parse"), (table_cache.TableCache, "_keep"), (cached_chunks, "_rest"))
     assert _same(table.read(rows), expected)
     assert calls.take() == {"parse": 2, "_keep": 2, "_rest": 1}  # the first read whole, the others parsed anew

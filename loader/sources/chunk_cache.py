@@ -83,7 +83,7 @@ class ChunkCache:
             return snapshot
 
     def touch(self, chunks: list[int]) -> None:
-        """The cached ones of ``chunks`` (in order) made the most lately used, as ``get_all`` does."""
+        """The cached ones of ``chunks`` (in order) made the most lately used, as a chunk read is."""
         with self._lock:
             try:  # (all cached, as they mostly are: one pass in C, no Python step per chunk)
                 deque(map(self._cache.move_to_end, chunks), 0)
@@ -141,13 +141,11 @@ class ChunkCache:
 
     def get_all(self, chunks: list[int], load: Callable[[int], PackedChunk]) -> list[PackedChunk]:
         """``get`` of each of ``chunks``, in order: one look under the lock when all are cached (as they mostly
-        are: ``load_missing`` read them first). Holding what it returns keeps a chunk's buffer from being read
-        into again even if the chunk is evicted meanwhile."""
+        are: ``load_missing`` read them first), which makes none of them more lately used (a table's warming
+        does: see ``ChunkedTable.warm``). Holding what it returns keeps a chunk's buffer from being read into
+        again even if the chunk is evicted meanwhile."""
         with self._lock:
             got = [self._cache.get(c) for c in chunks]
-            for c, chunk in zip(chunks, got):
-                if chunk is not None:
-                    self._cache.move_to_end(c)
         for k, chunk in enumerate(got):
             if chunk is None:
                 got[k] = self.get(chunks[k], load)

@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple, Protocol
 import numpy as np
 
 from ... import ops
-from ...ops.gather_columns import gather_blocks, gather_table
+from ...ops.gather_columns import gather_blocks, gather_table, touched_chunks
 from ...pipelines.own_files import is_own_file
 from ...pipelines.tabular import Column, ColumnKind, TabularFiles
 from ..errors import Skipped
@@ -33,7 +33,10 @@ from ..skip_log import SkipLog
 from .chunk_cache import ChunkCache, PackedChunk
 from .table_rows import ListColumn, MissingFileError, RowError, Rows, ScalarColumn, bad_row, check_rows
 
-CHUNKS_BEYOND = 4  # chunks kept besides the cache's rows: those straddling the edges of what is being read
+# Chunks kept besides the cache's rows (two shuffle buffer-fulls: the one being gathered and the one being warmed):
+# those straddling the edges of the buffer-fulls, and the first shares of the buffer-full after next, which warming
+# reads while the last plan of the one being gathered may still wait to be made.
+CHUNKS_BEYOND = 6
 
 
 @dataclass
@@ -229,7 +232,13 @@ class ChunkedTable:
 
     def warm(self, chunks: list[int]) -> None:
         """The chunks of ``chunks`` that nobody holds or reads, read into the cache now, ahead of the batches
-        that will need them. A chunk that fails is left for the batch that needs it to meet the error."""
+        that will need them; those cached already are made the most lately used, as those read are. So the cache
+        keeps chunks in the order they are warmed, which is the order the coming batches need them in, and drops
+        first those whose buffer-full is done (a gather by address makes nothing more lately used: the chunks of
+        the buffer-full being gathered, used again and again, would then outlive those warmed for the next one,
+        which were dropped and read again). A chunk that fails is left for the batch that needs it to meet the
+        error."""
+        self._cache.touch(chunks)
         try:
             self._cache.load_missing(chunks, self._load)
         except Exception:
@@ -313,6 +322,9 @@ class ChunkedTable:
         if not lists and self._by_address:
             got = _gather_by_address(self._cache, rows, self.first_row, self.num_rows, picks, missing_id,
                                      label_out, dense_out, ids_out)
+            if got == -1 and self._read_missing(rows):  # (a chunk still being read, mostly: by another's warming)
+                got = _gather_by_address(self._cache, rows, self.first_row, self.num_rows, picks, missing_id,
+                                         label_out, dense_out, ids_out)
             if got is not None and got >= 0:
                 return Gathered(_no_bad_rows(rows.size), {})
             self.uncached_gathers += got == -1  # (a figure: an increment lost to a race costs nothing)
@@ -327,6 +339,20 @@ class ChunkedTable:
                                  dense=dense_out, ids=ids_out)
 
         return Gathered(*self._by_chunk(rows, lists, put, put_all))
+
+    def _read_missing(self, rows: np.ndarray) -> bool:
+        """The chunks holding ``rows`` that are not cached, read (or, where another thread reads one, waited for),
+        with none made more lately used (see ``warm``); whether there were any (else a gather by address failed on
+        a chunk with bad rows, which only the grouped gather reads). None are read where the cache cannot hold them
+        all."""
+        cache = self._cache
+        needed = touched_chunks(rows, self.first_row, self.num_rows)
+        if int(self.chunk_rows[needed].sum()) > cache.limit_rows:  # (they cannot all stay: the grouped gather holds them)
+            return False
+        missing = [c for c in needed.tolist() if cache.cached(c) is None]
+        for c in missing:
+            cache.get(c, self._load)
+        return bool(missing)
 
     def _by_chunk(self, rows: np.ndarray, lists, put: Callable, put_all: Callable | None = None
                   ) -> tuple[np.ndarray, dict]:
@@ -504,6 +530,4 @@ def _gather_by_address(cache, rows, first_row, num_rows, picks, missing_id, labe
     got = gather_table(rows, first_row, num_rows, addresses, layouts, picks, touched, missing_id=missing_id,
                        label=label, dense=dense, ids=ids)
     del held
-    if got >= 0:
-        cache.touch(touched[:got].tolist())
     return got
