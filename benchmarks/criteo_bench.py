@@ -23,18 +23,17 @@ import time
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from ..loader.cache_policy import CacheSettings
 from ..loader import latency
-from ..loader.devices import gpu_available
 from ..loader.epochs import batch_size_of, endless, measure_loader
 from ..loader.loader import Loader
-from ..pipelines.criteo import CATEGORICAL_NAMES, DENSE_NAMES, criteo
+from ..pipelines.criteo import CATEGORICAL_NAMES, DENSE_NAMES
 from . import kernel_warmup
+from .criteo_readers import TABLE_SIZE, open_loader
+from .numba_compiles import compiled_kernels, compiled_since
 from .trainer import CEILING_NOTE, ceiling_summary, check_trainer_step, cuda_sync, paired_rounds, trainer_summary
 
-TABLE_SIZE = 1_000_003
 WARMUP_BATCHES = 2
 # Before each round of the trainer comparison: feedline's threads refill its read-ahead during the pause, not
 # during the baseline's round (the baseline makes nothing ahead).
@@ -98,7 +97,7 @@ def bench_criteo(path: str | os.PathLike, batch_size: int = 8192, batches: int |
     if sync is not None:
         sync()  # create the CUDA context before anything is timed
     rss_before = _peak_rss_mb()
-    compiled_before = kernel_warmup.compiled_kernels()
+    compiled_before = compiled_kernels()
     began = time.perf_counter()
     # The table cache (on by default) in a folder of this run's own: every run starts from the text, as a first
     # run does, and leaves nothing beside the data.
@@ -142,23 +141,13 @@ def bench_criteo(path: str | os.PathLike, batch_size: int = 8192, batches: int |
         if decision is not None:
             result["table_cache"] = {"use": decision.use, "reason": decision.reason}
         # feedline's epochs and rounds are all timed (the baseline runs no numba)
-        result.update(kernel_warmup.compiled_since(compiled_before))
+        result.update(compiled_since(compiled_before))
         if warmed is not None:
             result.setdefault("notes", []).append(kernel_warmup.note(result))
     finally:
         loader.close()
         shutil.rmtree(cache_dir, ignore_errors=True)
     return result
-
-
-def open_loader(path: str, batch_size: int, placement: str = "cpu", *, shuffle: bool = True,
-                num_threads: int | None = None, cache: CacheSettings | str = "auto", last_batch: str = "partial",
-                table_size: int | None = TABLE_SIZE) -> Loader:
-    """The benchmark's Loader over the Criteo data at ``path`` (ids hashed into ``table_size`` buckets, None:
-    criteo's default; rows shuffled with seed 0; ``placement`` other than cpu on the GPU where one is usable)."""
-    device = "cuda" if placement != "cpu" and gpu_available() else "cpu"
-    return Loader(criteo(path, table_sizes=table_size), batch_size, placement=placement, device=device,
-                  shuffle=shuffle, seed=0, num_threads=num_threads, cache=cache, last_batch=last_batch)
 
 
 def _trainer_notes(result: dict, loader: Loader, path: str) -> list[str]:

@@ -30,13 +30,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..loader.devices import available_cores
-from ..loader.loader import Loader
-from ..pipelines.criteo import criteo
 from . import kernel_warmup, pyarrow_baseline, torchrec_baseline
-from .criteo_bench import TABLE_SIZE, cached_note
+from .criteo_bench import cached_note
+from .criteo_readers import TABLE_SIZE
 from .gil_share import gil_keys, py_spy, record_gil
 from .peak_memory import run_module
-from .side_process import Opened, SideProcess
+from .side_process import SideProcess
 from .trainer import ROUND_OVER_READAHEAD
 
 BASELINES = ("torchrec", "pyarrow")
@@ -55,8 +54,8 @@ FEEDLINE_MODULES = tuple(f"feedline.loader.sources.{name}" for name in (
     "_sequence_numba"))
 OPENERS = {
     "torchrec": (f"{_HERE}.torchrec_baseline:open_torchrec", ("torch.utils.data", "torchrec.datasets.criteo")),
-    "feedline_converted": (f"{_HERE}.criteo_compare:open_feedline", ("numba", *FEEDLINE_MODULES)),
-    "feedline_tsv": (f"{_HERE}.criteo_compare:open_feedline", ("numba", *FEEDLINE_MODULES)),
+    "feedline_converted": (f"{_HERE}.criteo_readers:open_feedline", ("numba", *FEEDLINE_MODULES)),
+    "feedline_tsv": (f"{_HERE}.criteo_readers:open_feedline", ("numba", *FEEDLINE_MODULES)),
     "pyarrow_parse": (f"{_HERE}.pyarrow_baseline:open_parse", ()),
     "pyarrow_numpy": (f"{_HERE}.pyarrow_baseline:open_numpy", ()),
 }
@@ -78,16 +77,6 @@ PYARROW_RATIO_NOTES = (
     "rate (the stricter ratio: pyarrow's own first parse is slower, its start-up included); "
     "tsv_first_epoch_vs_pyarrow_parse_first_epoch: first epoch over pyarrow's first parse",
 )
-
-
-def open_feedline(path: str, batch_size: int, table_size: int, seed: int = 0) -> Opened:
-    """feedline's Loader over a TSV or a converted folder, CPU placement, rows shuffled with ``seed``. A TSV is
-    parsed every epoch (``cache="off"``): this side measures parsing; the table cache, which makes the epochs
-    after the first read a converted form, is measured by ``table_cache_bench``."""
-    loader = Loader(criteo(path, table_sizes=table_size), batch_size, placement="cpu", shuffle=True, seed=seed,
-                    cache="off")
-    return Opened(make=lambda: loader, readahead=loader.prefetch, close=loader.close,
-                  facts={"shuffle_buffer": loader.shuffle_buffer})
 
 
 def bench_criteo_baseline(path: str | os.PathLike, baseline: str, *, batch_size: int = 8192,

@@ -10,24 +10,26 @@ written beside each other in a temporary folder; the data itself, a few batches 
 or a pattern. Each reader runs :data:`EPOCHS` epochs, so that the table cache both writes and reads back.
 
 The benchmark's timed processes then find every kernel in the cache and load it, as a user's later processes
-do: the load stays inside the timing. :func:`compiled_kernels` counts what a process compiled (numba's cache
+do: the load stays inside the timing. :func:`feedline.benchmarks.numba_compiles.compiled_kernels` counts what a process compiled (numba's cache
 misses of feedline's kernels), so that a benchmark reports any compile left inside its timing
 (``kernels_compiled_in_timing``, 0 unless no cache folder is writable).
 """
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import gzip
 import itertools
 import multiprocessing
 import os
-import shutil
-import sys
 import tempfile
 import time
 
+from ..loader.cache_policy import CacheSettings
+from ..loader.sources.text_to_columnar import convert
 from ..loader.stream_order import DEFAULT_BUFFER_ROWS
+from ..pipelines.criteo import criteo
+from . import criteo_readers
+from .numba_compiles import compile_timer, compiled_kernels
 
 # More rows than the Loader keeps parsed (two shuffle buffers and a few chunks), so that its chunk cache evicts
 # as on a large file; fewer where the data has fewer.
@@ -37,7 +39,6 @@ EPOCHS = 3
 BOUNDED_BATCHES = 4
 TIMEOUT_S = 900.0
 READERS = ("loader_cache_on", "loader_cache_off", "feedline_tsv", "feedline_converted", "pyarrow_numpy")
-_ROOT = __name__.split(".")[0]
 
 
 def note(result: dict) -> str:
@@ -52,39 +53,6 @@ def note(result: dict) -> str:
             + (", and kernels_compiled_in_timing counts any compile left inside it (0 unless numba has no writable "
                "cache folder)" if "kernels_compiled_in_timing" in result else
                " (the remote workers' compiles are not counted: compare first_batch_s with a warm run)"))
-
-
-def compiled_kernels() -> dict[str, int]:
-    """The signatures this process has compiled for feedline's numba functions (kernels and their helpers:
-    numba's cache misses), by function name (``module.function``); empty before numba is imported. Loads from
-    the disk cache are not counted."""
-    if "numba" not in sys.modules:
-        return {}
-    from numba.core.dispatcher import Dispatcher
-
-    seen, counts = set(), {}
-    for name, module in list(sys.modules.items()):
-        if module is None or not (name == _ROOT or name.startswith(_ROOT + ".")):
-            continue
-        for value in list(vars(module).values()):
-            if isinstance(value, Dispatcher) and id(value) not in seen:
-                seen.add(id(value))
-                misses = sum(getattr(value, "_cache_misses", {}).values())
-                if misses:
-                    function = value.py_func
-                    counts[f"{function.__module__}.{function.__qualname__}"] = misses
-    return counts
-
-
-def compiled_since(before: dict[str, int]) -> dict:
-    """``kernels_compiled_in_timing``: the signatures compiled since :func:`compiled_kernels` gave ``before``,
-    and where there are any, ``kernels_compiled_in_timing_names``."""
-    now = compiled_kernels()
-    grown = {name: n - before.get(name, 0) for name, n in now.items() if n > before.get(name, 0)}
-    keys = {"kernels_compiled_in_timing": sum(grown.values())}
-    if grown:
-        keys["kernels_compiled_in_timing_names"] = sorted(grown)
-    return keys
 
 
 def warm_kernels(path: str | os.PathLike, readers: tuple[str, ...], *, batch_size: int, table_size: int | None,
@@ -113,7 +81,7 @@ def warm(job: dict) -> dict:
     """The warm-up process's work (see :func:`warm_kernels`): ``compile_s`` and ``compiled``."""
     from numba.core import event
 
-    timer = _compile_timer()
+    timer = compile_timer()
 
     event.register("numba:compile", timer)
     try:
@@ -153,29 +121,24 @@ def sample_of(path: str, folder: str, rows: int) -> str | None:
 
 
 def _run(reader: str, data: str, batches: int | None, job: dict, work: str) -> None:
-    from . import criteo_compare, pyarrow_baseline
-
     size, table = job["batch_size"], job["table_size"]
     if reader.startswith("loader_"):
-        from ..loader.cache_policy import CacheSettings
-        from . import criteo_bench
-
         mode = reader.rpartition("_")[2]
         folder = tempfile.mkdtemp(prefix="cache-", dir=work)
-        loader = criteo_bench.open_loader(data, size, job["placement"], table_size=table,
-                                          cache=CacheSettings(mode=mode, directory=folder),
-                                          last_batch=job["last_batch"])
+        loader = criteo_readers.open_loader(data, size, job["placement"], table_size=table,
+                                            cache=CacheSettings(mode=mode, directory=folder),
+                                            last_batch=job["last_batch"])
         _epochs(lambda: loader, loader.close, EPOCHS, batches)
     elif reader == "pyarrow_numpy":
+        from . import pyarrow_baseline  # (pyarrow imported only where a bench compares with it)
+
         _epochs(pyarrow_baseline.open_numpy(data, size, table).make, None, 1, batches)
     else:
-        if reader == "feedline_converted":
-            from ..cli import convert
-
+        if reader == "feedline_converted":  # what `feedline convert criteo` runs
             folder = os.path.join(work, "converted")
-            convert.run(None, argparse.Namespace(inputs=[data], out=folder, on_error="raise", no_progress=True))
+            convert(criteo(data, format="tsv", on_error="raise").source, folder)
             data = folder
-        opened = criteo_compare.open_feedline(data, size, table)
+        opened = criteo_readers.open_feedline(data, size, table)
         _epochs(opened.make, opened.close, EPOCHS, batches)
 
 
@@ -189,24 +152,3 @@ def _epochs(make, close, epochs: int, batches: int | None) -> None:
     finally:
         if close is not None:
             close()
-
-
-def _compile_timer():
-    """A numba event listener whose ``seconds`` sums the outermost compiles (a kernel's compile compiles its
-    helpers inside it; numba compiles under one lock, so one at a time)."""
-    from numba.core import event
-
-    class CompileTimer(event.Listener):
-        seconds, depth, began = 0.0, 0, 0.0
-
-        def on_start(self, ev) -> None:
-            if self.depth == 0:
-                self.began = time.perf_counter()
-            self.depth += 1
-
-        def on_end(self, ev) -> None:
-            self.depth -= 1
-            if self.depth == 0:
-                self.seconds += time.perf_counter() - self.began
-
-    return CompileTimer()

@@ -19,7 +19,7 @@ import traceback
 from typing import Any, Callable, Iterable
 
 from ..loader.epochs import batch_size_of, endless
-from .kernel_warmup import compiled_kernels, compiled_since
+from .numba_compiles import compiled_kernels, compiled_since
 from .peak_memory import peak_rss_mb
 from .trainer import run_trainer
 

@@ -66,11 +66,11 @@ def test_a_feedline_side_imports_its_modules_before_its_clock_starts(tsv):
     """The bench imports feedline's own modules untimed (``FEEDLINE_MODULES``), as it does every side's library:
     opening the TSV and taking an epoch then imports no other feedline module (one imported lazily joins the list)."""
     code = ("import importlib, sys\n"
-            "from feedline.benchmarks import criteo_compare as cc\n"
+            "from feedline.benchmarks import criteo_compare as cc, criteo_readers\n"
             "for name in cc.OPENERS['feedline_tsv'][1]:\n"
             "    importlib.import_module(name)\n"
             "before = set(sys.modules)\n"
-            f"opened = cc.open_feedline(path={str(tsv)!r}, batch_size=1024, table_size={TABLE})\n"
+            f"opened = criteo_readers.open_feedline(path={str(tsv)!r}, batch_size=1024, table_size={TABLE})\n"
             "rows = sum(len(batch['label']) for batch in opened.make())\n"
             "opened.close()\n"
             "print(rows, sorted(m for m in set(sys.modules) - before if m.startswith('feedline')))\n")

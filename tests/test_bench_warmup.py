@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from feedline.benchmarks import criteo_bench, kernel_warmup
+from feedline.benchmarks import criteo_bench, kernel_warmup, numba_compiles
 from feedline.datagen.synthetic_criteo import make_criteo
 
 
@@ -71,22 +71,22 @@ def test_the_criteo_bench_warms_the_kernels_before_its_clock_starts(tsv, monkeyp
 
 def test_compiles_are_counted_by_function_and_loads_are_not():
     numba = pytest.importorskip("numba")
-    before = kernel_warmup.compiled_kernels()
+    before = numba_compiles.compiled_kernels()
 
     # a function of feedline's own namespace, compiled here (no cache): one signature, then a second
     kernel_warmup._probe = numba.njit(lambda x: x + 1)
     try:
         kernel_warmup._probe(1)
         kernel_warmup._probe(1)
-        assert kernel_warmup.compiled_since(before) == {
+        assert numba_compiles.compiled_since(before) == {
             "kernels_compiled_in_timing": 1,
             "kernels_compiled_in_timing_names": [f"{__name__}.{test_compiles_are_counted_by_function_and_loads_are_not.__name__}"
                                                  ".<locals>.<lambda>"]}
         kernel_warmup._probe(1.5)
-        assert kernel_warmup.compiled_since(before)["kernels_compiled_in_timing"] == 2
+        assert numba_compiles.compiled_since(before)["kernels_compiled_in_timing"] == 2
     finally:
         del kernel_warmup._probe
-    assert kernel_warmup.compiled_since(kernel_warmup.compiled_kernels()) == {"kernels_compiled_in_timing": 0}
+    assert numba_compiles.compiled_since(numba_compiles.compiled_kernels()) == {"kernels_compiled_in_timing": 0}
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from feedline import ops
-from feedline.loader.sources import chunk_cache, open_source
+from feedline.loader.sources import chunk_cache, chunked, open_source
 from feedline.ops import _native
 from feedline.ops.gather_columns import BIT_FLAGS, IDS, gather_blocks
 from feedline.pipelines.features import MISSING_ID
@@ -133,8 +133,8 @@ def expected(spec, rows):
 
 def test_chunks_evicted_during_a_gather_are_not_read_over_before_it(small_chunks):
     text, conv = small_chunks
-    source = open_source(conv.source, cache_rows=1)  # room for 4 chunks; a batch below touches all 12
-    assert source.chunk_rows.size == 12 and source._cache.limit_rows < 5 * CHUNK
+    source = open_source(conv.source, cache_rows=1)  # room for CHUNKS_BEYOND chunks; a batch below touches all 12
+    assert source.chunk_rows.size == 12 and source._cache.limit_rows < (chunked.CHUNKS_BEYOND + 1) * CHUNK < 12 * CHUNK
     for seed in range(3):
         rows = np.random.default_rng(seed).permutation(3000)[:2500]
         for a, b in zip(gathered(conv, source, rows), expected(text, rows)):

@@ -10,7 +10,7 @@ import torch
 
 from feedline.datagen.synthetic_criteo import make_criteo
 from feedline.loader import DataError, Loader
-from feedline.loader.sources import open_source
+from feedline.loader.sources import chunked, open_source
 from feedline.loader.sources import tsv as tsv_module
 from feedline.pipelines.criteo import criteo
 
@@ -148,16 +148,17 @@ def test_the_line_index_is_kept_beside_the_file_and_reused(tmp_path, monkeypatch
 
 
 def test_the_cache_never_holds_more_than_its_rows(tmp_path):
-    make_criteo(tmp_path / "day.tsv", 60_000, seed=0)
+    make_criteo(tmp_path / "day.tsv", 100_000, seed=0)
     loader = Loader(criteo(tmp_path / "day.tsv"), batch_size=1000, placement="cpu", shuffle_buffer=4000)
     source = loader.source
     largest = int(source.chunk_rows.max())
     held = []
     for _ in loader:
         held.append(sum(int(source.chunk_rows[c]) for c in list(source._cache)))
-    assert source.cache_rows == 2 * 4000 + 4 * largest  # two buffer-fulls and the chunks straddling them
+    # two buffer-fulls and the chunks straddling them and warmed ahead
+    assert source.cache_rows == 2 * 4000 + chunked.CHUNKS_BEYOND * largest
     assert max(held) <= source.cache_rows + largest
-    assert source.cache_rows < 60_000 // 2
+    assert source.cache_rows < 100_000 // 2
 
 
 def test_a_bad_line_deep_in_a_large_file(tmp_path):

@@ -161,8 +161,8 @@ class ChunkedTable:
         self.cached_row_bytes = max((s if s is not None else 9.0 * scalars for s in sizes), default=9.0 * scalars)
 
     def _set_index(self, indexes: list[ChunkIndex]) -> None:
-        """The table's chunks from its files' indexes (again, each time a lazily built index grows: the arrays
-        are replaced, never changed in place, and ``num_rows`` is set last)."""
+        """The table's chunks from its files' indexes (again each time a lazily built index grows: the arrays are
+        replaced, never changed in place; ``num_rows`` last)."""
         arrays = chunk_arrays(indexes)
         cache_rows = self.requested_cache_rows + CHUNKS_BEYOND * int(arrays.chunk_rows.max(initial=0))
         if self._cache is None:
@@ -176,8 +176,7 @@ class ChunkedTable:
 
     # ---- a gzip file indexed while it is read (``lazy_index``) --------------------------------------
     def _published(self, index: ChunkIndex, complete: bool) -> None:
-        """(The scan's thread.) More of the file's chunks closed; all of them when ``complete``."""
-        self._set_index([index])
+        self._set_index([index])  # (the scan's thread: more of the file's chunks closed; all when ``complete``)
 
     def _completed(self, index: ChunkIndex) -> None:
         """(The scan's thread, the index complete and kept.)"""
@@ -222,22 +221,19 @@ class ChunkedTable:
         return self._pack(self.reader.load(self.paths[f], self.indexes[f], int(self.chunk_local[c])))
 
     def load_raw(self, c: int) -> tuple[PackedChunk, bool]:
-        """Chunk ``c`` as ``gather`` reads it, and whether the caller owns it: the cached chunk if there is one
-        (not owned), else one read for the caller alone, which nothing caches (hand it to ``release_raw`` when
-        done, so that its buffer is read into again)."""
+        """Chunk ``c`` as ``gather`` reads it, and whether the caller owns it: the cached chunk (not owned), else
+        one read for the caller alone (hand it to ``release_raw`` when done, so that its buffer is read into again)."""
         chunk = self._cache.cached(c)
         if chunk is not None:
             return chunk, False
         return self._load(c), True
 
     def warm(self, chunks: list[int]) -> None:
-        """The chunks of ``chunks`` that nobody holds or reads, read into the cache now, ahead of the batches
-        that will need them; those cached already are made the most lately used, as those read are. So the cache
-        keeps chunks in the order they are warmed, which is the order the coming batches need them in, and drops
-        first those whose buffer-full is done (a gather by address makes nothing more lately used: the chunks of
-        the buffer-full being gathered, used again and again, would then outlive those warmed for the next one,
-        which were dropped and read again). A chunk that fails is left for the batch that needs it to meet the
-        error."""
+        """The chunks of ``chunks`` that nobody holds or reads, read into the cache now, ahead of the batches that
+        need them; those cached already are made the most lately used. So the cache keeps chunks in the order the
+        coming batches need them and drops first those of a finished buffer-full (a gather by address touches
+        nothing, or the chunks gathered again and again would outlive those warmed next). A chunk that fails is
+        left for the batch that needs it to meet the error."""
         self._cache.touch(chunks)
         try:
             self._cache.load_missing(chunks, self._load)
@@ -258,8 +254,8 @@ class ChunkedTable:
 
     @property
     def prepared_rows(self):
-        """``_prepared_rows``, where the table's chunks are known: a table whose index is still being built has
-        none (its per-chunk blocks are sized by the chunk count), so a runner made meanwhile gathers raw rows."""
+        """``_prepared_rows``, where the table's chunks are known (not while its index is built: its blocks are
+        sized by the chunk count; a runner made meanwhile gathers raw rows)."""
         if self.pending:
             raise AttributeError("prepared_rows: the table's index is still being built")
         return self._prepared_rows
@@ -320,11 +316,7 @@ class ChunkedTable:
         rows = np.ascontiguousarray(rows)
         picks = self.picks(label, dense, categorical)
         if not lists and self._by_address:
-            got = _gather_by_address(self._cache, rows, self.first_row, self.num_rows, picks, missing_id,
-                                     label_out, dense_out, ids_out)
-            if got == -1 and self._read_missing(rows):  # (a chunk still being read, mostly: by another's warming)
-                got = _gather_by_address(self._cache, rows, self.first_row, self.num_rows, picks, missing_id,
-                                         label_out, dense_out, ids_out)
+            got = _gather_cached(self, rows, picks, missing_id, label_out, dense_out, ids_out)
             if got is not None and got >= 0:
                 return Gathered(_no_bad_rows(rows.size), {})
             self.uncached_gathers += got == -1  # (a figure: an increment lost to a race costs nothing)
@@ -339,20 +331,6 @@ class ChunkedTable:
                                  dense=dense_out, ids=ids_out)
 
         return Gathered(*self._by_chunk(rows, lists, put, put_all))
-
-    def _read_missing(self, rows: np.ndarray) -> bool:
-        """The chunks holding ``rows`` that are not cached, read (or, where another thread reads one, waited for),
-        with none made more lately used (see ``warm``); whether there were any (else a gather by address failed on
-        a chunk with bad rows, which only the grouped gather reads). None are read where the cache cannot hold them
-        all."""
-        cache = self._cache
-        needed = touched_chunks(rows, self.first_row, self.num_rows)
-        if int(self.chunk_rows[needed].sum()) > cache.limit_rows:  # (they cannot all stay: the grouped gather holds them)
-            return False
-        missing = [c for c in needed.tolist() if cache.cached(c) is None]
-        for c in missing:
-            cache.get(c, self._load)
-        return bool(missing)
 
     def _by_chunk(self, rows: np.ndarray, lists, put: Callable, put_all: Callable | None = None
                   ) -> tuple[np.ndarray, dict]:
@@ -515,6 +493,31 @@ def _no_bad_rows(n: int) -> np.ndarray:
         bad.flags.writeable = False
         bad = _NO_BAD.setdefault(n, bad)
     return bad
+
+
+def _read_missing(table: ChunkedTable, rows: np.ndarray) -> bool:
+    """The chunks holding ``rows`` that are not cached, read (or, where another thread reads one, waited for),
+    with none made more lately used (see ``ChunkedTable.warm``); whether there were any (else a gather by address
+    failed on a chunk with bad rows, which only the grouped gather reads). None are read where the cache cannot
+    hold them all."""
+    cache = table._cache
+    needed = touched_chunks(rows, table.first_row, table.num_rows)
+    if int(table.chunk_rows[needed].sum()) > cache.limit_rows:  # (they cannot all stay: the grouped gather holds them)
+        return False
+    missing = [c for c in needed.tolist() if cache.cached(c) is None]
+    for c in missing:
+        cache.get(c, table._load)
+    return bool(missing)
+
+
+def _gather_cached(table: ChunkedTable, rows, picks, missing_id, label, dense, ids) -> int | None:
+    """``_gather_by_address`` over the table's cache, once more after reading the chunks it lacked (mostly one
+    still being read by another thread's warming)."""
+    got = _gather_by_address(table._cache, rows, table.first_row, table.num_rows, picks, missing_id, label, dense, ids)
+    if got == -1 and _read_missing(table, rows):
+        got = _gather_by_address(table._cache, rows, table.first_row, table.num_rows, picks, missing_id, label,
+                                 dense, ids)
+    return got
 
 
 def _gather_by_address(cache, rows, first_row, num_rows, picks, missing_id, label, dense, ids):
