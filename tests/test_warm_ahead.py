@@ -84,3 +84,44 @@ def test_a_table_smaller_than_the_buffer_is_read_ahead_no_more_than_itself(table
                     num_threads=1)
     assert loader.runner._warm_ahead == ROWS // BATCH
     assert sorted(i for b in loader for i in b["index"].tolist()) == list(range(ROWS))
+
+
+def test_the_plans_of_a_buffer_full_warm_shares_of_one_size(tmp_path):
+    """Each plan of a buffer-full warms the chunks at its positions of the buffer-full's chunks (in number order),
+    so the shares differ by one chunk at most and together are all of them; shares by chunk number (modulo the
+    plans a buffer-full) gave one plan none and another several."""
+    path = tmp_path / "day.parquet"
+    make_criteo(path, 4000, seed=5, format="parquet")
+    pq.write_table(pq.read_table(path), path, row_group_size=100)  # 40 chunks, 20 or 21 a buffer-full
+    loader = Loader(criteo(str(path)), batch_size=500, placement="cpu", seed=3, shuffle_buffer=2000, num_threads=1)
+    runner = loader.runner
+    assert runner._warm_ahead == 4
+    shares: dict = {}
+    warm, ask = runner._warm, runner._warmed.warm
+    current = []
+
+    def warming(plan, part, parts):
+        current[:] = [plan]
+        warm(plan, part, parts)
+
+    def asking(chunks):
+        plan = current[0]
+        if not plan.last:
+            shares.setdefault((plan.epoch, plan.start // 2000), []).append(list(chunks))
+        ask(chunks)
+
+    runner._warm, runner._warmed.warm = warming, asking
+    for epoch in range(2):
+        assert sorted(i for b in loader for i in b["index"].tolist()) == list(range(4000))
+    first_row = loader.source.first_row
+    full = [(key, got) for key, got in shares.items() if len(got) == 4]
+    assert len(full) >= 3
+    for (epoch, window), got in full:
+        sizes = [len(share) for share in got]
+        assert max(sizes) - min(sizes) <= 1, (epoch, window, got)
+        rows = loader.sampler.epoch(epoch)
+        needed = set()
+        for plan in rows:
+            if plan.start // 2000 == window:
+                needed |= set(np.unique(np.searchsorted(first_row, plan.indices, side="right") - 1).tolist())
+        assert sorted(c for share in got for c in share) == sorted(needed)

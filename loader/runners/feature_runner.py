@@ -108,13 +108,14 @@ class FeatureRunner:
         self._threads.keep()
 
     def _warm(self, plan: BatchPlan, part: int, parts: int) -> None:
-        """Share ``part`` of ``parts`` of the chunks ``plan`` reads (those numbered ``part`` modulo ``parts``),
-        read ahead into the table's cache. The ``parts`` consecutive plans of a shuffled buffer-full each read
-        all its chunks, so together they read each once; an epoch's last buffer-full may have fewer plans, so
-        its last plan asks for all its chunks."""
+        """Share ``part`` of ``parts`` of the chunks ``plan`` reads (those at positions ``part`` modulo ``parts``
+        of its chunks in number order), read ahead into the table's cache. The ``parts`` consecutive plans of a
+        shuffled buffer-full each read all its chunks, so together they read each once, and each reads as many
+        as the others give or take one (shares by chunk number modulo ``parts`` gave one plan 0 chunks and
+        another 5); an epoch's last buffer-full may have fewer plans, so its last plan asks for all its chunks."""
         # (the table's count now: a gzip table's index may grow while it is read)
-        share = (0, 1) if plan.last else (part, parts)  # (picked in the kernel's pass, which holds no GIL)
-        self._warmed.warm(touched_chunks(plan.indices, self.source.first_row, self.source.num_rows, *share).tolist())
+        chunks = touched_chunks(plan.indices, self.source.first_row, self.source.num_rows).tolist()
+        self._warmed.warm(chunks if plan.last else chunks[part::parts])
 
     # ---- the CPU part ---------------------------------------------------------------------------------
     def _cpu_data(self, plan: BatchPlan, out: dict[str, np.ndarray], timer: StageTimer
