@@ -106,7 +106,9 @@ def small_table(tmp_path_factory):
 def test_a_planted_table_column_is_the_bottleneck_with_its_cost(small_table):
     spec = criteo(small_table)
     spec = dataclasses.replace(spec, stages=spec.stages + (SlowColumn(("dense",), ("dense",)),))
-    with Loader(spec, 256, placement="cpu", num_threads=1) as loader:
+    # A shuffle buffer of the file's 3,000 rows: the same order as the default 65,536 (one buffer-full, the whole
+    # file), but the profile's batch path, two buffer-fulls of batches, is 24 batches instead of 512.
+    with Loader(spec, 256, placement="cpu", num_threads=1, shuffle_buffer=3000) as loader:
         profile = profile_loader(loader, batches=3)
     assert_planted(profile, "slow_column", ROW_US / 1000)
     if available_cores() > 1:  # one thread of several cores: the model's concrete change comes first
