@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -49,3 +51,27 @@ def fresh_index_store(monkeypatch):
     index_store.forget_memory()
     yield
     index_store.forget_memory()
+
+
+_WARMED: set[tuple] = set()  # (reader, data suffix, placement, last_batch) warmed by a test of this session
+
+
+@pytest.fixture
+def kernels_warmed_once(monkeypatch):
+    """For bench tests whose subject is not the kernel warm-up: benchmarks/kernel_warmup.py's warm-up (a spawned
+    process over a sample of the data, 3-6 s even with numba's cache full) runs only for the readers no test of
+    this session has warmed yet; once warmed their kernels are in numba's disk cache, and another warm-up would
+    compile nothing (test_bench_warmup checks both)."""
+    from feedline.benchmarks import kernel_warmup
+
+    real = kernel_warmup.warm_kernels
+
+    def warm_once(path, readers, **kw):
+        where = (os.path.splitext(os.fspath(path))[1], kw.get("placement", "cpu"), kw.get("last_batch", "partial"))
+        missing = tuple(r for r in readers if (r, *where) not in _WARMED)
+        result = real(path, missing, **kw) if missing else {"kernel_compile_s": 0.0, "kernels_compiled": 0,
+                                                             "kernel_warmup_s": 0.0}
+        _WARMED.update((r, *where) for r in missing)
+        return {**result, "kernel_warmup_readers": list(readers)}
+
+    monkeypatch.setattr(kernel_warmup, "warm_kernels", warm_once)

@@ -216,7 +216,7 @@ def quick(monkeypatch):
 
 
 @pytest.mark.slow
-def test_pyarrow_comparison_through_the_cli(tsv, tmp_path, quick):
+def test_pyarrow_comparison_through_the_cli(tsv, tmp_path, quick, kernels_warmed_once):
     result = bench(tmp_path, ["--data", str(tsv), "--baseline", "pyarrow", "--batch-size", "512", "--rounds", "2"])
     assert result["sides"] == ["feedline_tsv", "pyarrow_parse", "pyarrow_numpy"]
     assert result["rows"] == ROWS and result["batch_size"] == 512 and result["table_size"] == TABLE
@@ -239,7 +239,7 @@ def test_pyarrow_comparison_through_the_cli(tsv, tmp_path, quick):
 
 
 @pytest.mark.slow
-def test_torchrec_comparison_through_the_cli(tsv, tmp_path, quick):
+def test_torchrec_comparison_through_the_cli(tsv, tmp_path, quick, kernels_warmed_once):
     pytest.importorskip("torchrec")
     result = bench(tmp_path, ["--data", str(tsv), "--baseline", "torchrec", "--batch-size", "1024", "--rounds", "1",
                               "--scratch", str(tmp_path)])

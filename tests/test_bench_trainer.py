@@ -344,7 +344,7 @@ def criteo_file(tmp_path_factory):
 
 
 @pytest.mark.parametrize("step", ["5", "auto"])
-def test_criteo_with_a_trainer(criteo_file, tmp_path, quick, step):
+def test_criteo_with_a_trainer(criteo_file, tmp_path, quick, step, kernels_warmed_once):
     result = bench_json(tmp_path, ["--pipeline", "criteo", "--data", str(criteo_file), "--batch-size", "512",
                                    "--rounds", "1", "--trainer-step-ms", step])
     check_trainer_keys(result, baseline=True)
@@ -377,7 +377,7 @@ def test_a_file_larger_than_the_chunk_cache_is_not_called_cached():
     assert criteo_bench.cached_note("feedline", 10, None) is None  # not a streamed table
 
 
-def test_criteo_timed_batches_report_only_steady_figures(criteo_file):
+def test_criteo_timed_batches_report_only_steady_figures(criteo_file, kernels_warmed_once):
     result = criteo_bench.bench_criteo(criteo_file, batch_size=256, batches=3, baseline_rows=1000, progress=False)
     assert result["rows"] == 3 * 256 and result["baseline_rows"] == 1000
     assert result["first_batch_s"] >= result["open_s"] >= 0 and result["first_batch_s"] > 0

@@ -56,7 +56,7 @@ def test_arguments_are_checked(tmp_path):
         make_criteo(tmp_path / "x.tsv", 10, seed=0, format="csv")
 
 
-def test_bench_reports_both_sides(tmp_path):
+def test_bench_reports_both_sides(tmp_path, kernels_warmed_once):
     make_criteo(tmp_path / "day.tsv", 5000, seed=0)
     result = bench_criteo(tmp_path / "day.tsv", batch_size=1024, baseline_rows=2000)
     assert result["pipeline"] == "criteo" and result["placement"] == "cpu"
