@@ -42,7 +42,7 @@ class LastBatch(enum.Enum):
     PAD = "pad"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class BatchPlan:
     indices: np.ndarray  # int64 dataset indices, in delivery order
     valid: np.ndarray    # bool, False for padding
@@ -51,6 +51,14 @@ class BatchPlan:
     last: bool = True    # the epoch's last batch on this rank
     batch: int = 0       # the batch's number in its epoch on this rank
     shard: int | None = None  # samples in the epoch on this rank (None: a plan on its own)
+
+    def __init__(self, indices: np.ndarray, valid: np.ndarray, epoch: int = 0, start: int = 0, last: bool = True,
+                 batch: int = 0, shard: int | None = None):
+        # The dataclass's own __init__ of a frozen class sets each field through object.__setattr__: seven calls
+        # a plan, on the batch thread. Written into the instance's dict instead (what those calls do).
+        fields = self.__dict__
+        fields["indices"], fields["valid"], fields["epoch"], fields["start"] = indices, valid, epoch, start
+        fields["last"], fields["batch"], fields["shard"] = last, batch, shard
 
 
 class Order:

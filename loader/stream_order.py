@@ -187,14 +187,11 @@ class StreamOrder(Order):
             self._last_window = ((epoch, window), perm)
         return perm
 
-    def _window_rows(self, epoch: int, window: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    def _window_rows(self, epoch: int, window: int, size: int, per_rank: int) -> tuple[np.ndarray, np.ndarray]:
         """Global rows and validity of every position of a window (a buffer-full), made in one pass and kept for
-        the batches that follow (the last ``KEPT_WINDOWS``)."""
-        for key, rows, valid in self._kept_windows:
-            if key == (epoch, window):
-                return rows, valid
+        the batches that follow (the last ``KEPT_WINDOWS``; ``_positions`` looks there first)."""
         order, seq_start = self._sequence(epoch)
-        base = self.rank * self.per_rank
+        base = self.rank * per_rank
         rows = np.empty(size, dtype=np.int64)
         valid = np.empty(size, dtype=bool)
         # Position base + w_start + perm[...] in the epoch's row sequence; padding repeats rows, marked invalid.
@@ -205,6 +202,11 @@ class StreamOrder(Order):
 
     def positions(self, epoch: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Global rows and validity of the rank's delivery positions ``[start, stop)`` in ``epoch``."""
+        return self._positions(epoch, start, stop, self.per_rank)
+
+    def _positions(self, epoch: int, start: int, stop: int, per_rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """``positions``, with the rank's share ``per_rank`` given (``epoch`` reads it once an epoch: a property
+        of two Python calls). A window already made is found here, with no call (most batches)."""
         out = np.empty(stop - start, dtype=np.int64)
         valid = np.empty(stop - start, dtype=bool)
         buffer = self.buffer_rows
@@ -212,9 +214,14 @@ class StreamOrder(Order):
         while p < stop:
             window = p // buffer
             w_start = window * buffer
-            size = min(buffer, self.per_rank - w_start)
+            size = min(buffer, per_rank - w_start)
             take = min(stop, w_start + size) - p
-            rows, ok = self._window_rows(epoch, window, size)
+            key = (epoch, window)
+            for kept, rows, ok in self._kept_windows:  # (one read of the list: it is replaced whole)
+                if kept == key:
+                    break
+            else:
+                rows, ok = self._window_rows(epoch, window, size, per_rank)
             out[p - start:p - start + take] = rows[p - w_start:p - w_start + take]
             valid[p - start:p - start + take] = ok[p - w_start:p - w_start + take]
             p += take
@@ -230,5 +237,5 @@ class StreamOrder(Order):
         number, spans = self.spans(epoch, start_batch, start_sample=start_sample, first_batch=first_batch)
         shard = self.per_rank
         for k, (a, b) in enumerate(spans):
-            rows, valid = self.positions(epoch, a, b)
+            rows, valid = self._positions(epoch, a, b, shard)
             yield BatchPlan(rows, valid, epoch, a, b == shard, number + k, shard)

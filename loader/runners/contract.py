@@ -19,7 +19,7 @@ from ..errors import OnError, Skipped
 from ..sampler import BatchPlan
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class BatchInfo:
     """Where a batch leaves its epoch: ``end`` is the next sample position in this rank's order, ``last``
     whether the epoch is over, ``skipped`` how many samples were left out while making it."""
@@ -28,6 +28,12 @@ class BatchInfo:
     end: int
     last: bool
     skipped: int = 0
+
+    def __init__(self, epoch: int, end: int, last: bool, skipped: int = 0):
+        # (As ``BatchPlan``'s: the fields written into the instance's dict, not set by four object.__setattr__
+        # calls as a frozen dataclass's own __init__ does; one per batch, on the batch thread.)
+        fields = self.__dict__
+        fields["epoch"], fields["end"], fields["last"], fields["skipped"] = epoch, end, last, skipped
 
 
 class SkipFill(enum.Enum):
