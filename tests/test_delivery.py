@@ -1,0 +1,51 @@
+"""The batch thread's ``valid`` mask (loader.delivery): every all-valid batch gets a mask of its own, all True, of
+its rows and on its index's device, whatever was done to an earlier batch's; a batch with one keeps it."""
+import torch
+
+from feedline.loader import delivery
+from feedline.loader.delivery import Delivered, complete
+
+
+def _batch(rows):
+    return {"index": torch.arange(rows), "label": torch.zeros(rows)}
+
+
+def test_an_all_valid_batch_gets_its_own_mask_whatever_a_trainer_wrote_into_another():
+    first, second = _batch(8), _batch(8)
+    assert complete(first) == 8
+    assert first["valid"].dtype == torch.bool and first["valid"].shape == (8,) and bool(first["valid"].all())
+    first["valid"][3] = False  # a trainer masks a sample in place
+    first["valid"].logical_not_()
+    assert complete(second) == 8
+    assert bool(second["valid"].all()) and second["valid"].data_ptr() != first["valid"].data_ptr()
+    assert first["valid"].tolist() == [False] * 3 + [True] + [False] * 4  # (first's own, as written above)
+    second["valid"].zero_()
+    third = _batch(8)
+    complete(third)
+    assert bool(third["valid"].all())
+    assert not (delivery._all_valid.data_ptr() in
+                {b["valid"].untyped_storage().data_ptr() for b in (first, second, third)})  # never handed out
+
+
+def test_masks_follow_the_rows_of_each_batch():
+    for rows in (8, 8, 3, 8, 0, 5):
+        batch = _batch(rows)
+        assert complete(batch) == rows
+        valid = batch["valid"]
+        assert valid.shape == (rows,) and valid.dtype == torch.bool and bool(valid.all())
+        assert valid.is_contiguous() and valid.device == batch["index"].device and not valid.requires_grad
+
+
+def test_a_batch_with_a_mask_keeps_it_and_counts_its_valid_samples():
+    batch = _batch(4)
+    mask = torch.tensor([True, False, True, False])
+    batch["valid"] = mask
+    assert complete(batch) == 2 and batch["valid"] is mask
+    assert complete(None) == 0
+
+
+def test_delivered_completes_each_batch_of_a_stream():
+    stream = Delivered(iter([(_batch(2), "a"), (None, "b"), (_batch(3), "c")]))
+    got = list(stream)
+    assert [(info, n) for _, info, n in got] == [("a", 2), ("b", 0), ("c", 3)]
+    assert got[1][0] is None and got[0][0]["valid"].tolist() == [True, True]
