@@ -291,6 +291,12 @@ class Known:
         self.noted = None if rest is None else _Noted(path, key, rows, size, head, records, layout, parse_s, rest)
 
 
+# A StoredChunk and its ColumnBlock made in C from a tuple of their fields: a named tuple's own constructor is a
+# Python function (a frame each), and a known chunk is read ~2 times a batch in later epochs.
+_stored = functools.partial(tuple.__new__, StoredChunk)
+_block = functools.partial(tuple.__new__, ops.ColumnBlock)
+
+
 class _Noted(NamedTuple):
     path: str
     key: bytes
@@ -387,8 +393,8 @@ def _read_noted(noted: _Noted) -> StoredChunk | None:
     if data[noted.records:].tobytes() != noted.rest:
         return None
     rows = noted.rows
-    return StoredChunk(ops.ColumnBlock(data, data, noted.layout, rows), {}, np.zeros(rows, dtype=bool), {},
-                       noted.parse_s, size)
+    return _stored((_block((data, data, noted.layout, rows)), {}, np.zeros(rows, dtype=bool), {}, noted.parse_s,
+                    size))
 
 
 _shapes: dict[bytes, tuple[RecordLayout, np.ndarray] | None] = {}

@@ -21,6 +21,7 @@ rows the Loader keeps parsed in memory is not cached (its later epochs parse not
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -54,6 +55,7 @@ KEY_FILE = "key.feedline-tablekey"
 VERSION = 1
 PROBE_CHUNKS = 3  # chunks parsed and read back before deciding (fewer where the table has fewer)
 _PARSER_SOURCES = ("text_parse.py", "text_syntax.py", "tsv.py", "text.py", "line_index.py", "cached_chunks.py")
+_packed = functools.partial(tuple.__new__, PackedChunk)  # a PackedChunk of a tuple of its fields, made in C
 
 
 def text_format(files: TabularFiles, settings: CacheSettings | None, memory_rows: int) -> TextFormat:
@@ -340,8 +342,8 @@ class TableCache:
             return parse()[0]
         if self._state == "using" and c.folder is not None:  # (decided, and known: what every later epoch reads)
             stored = cached_chunks.read(c.folder, chunk, c.key, c.rows, *self._shape, c.known)
-            if stored is not None:
-                return PackedChunk(stored.block, stored.lists, stored.bad, stored.reasons, bool(stored.reasons))
+            if stored is not None:  # (made in C: no named tuple's Python constructor, ~2 loads a batch)
+                return _packed((stored.block, stored.lists, stored.bad, stored.reasons, bool(stored.reasons)))
         return self._read_or_parse(f, c, chunk, parse)
 
     def _read_or_parse(self, f: _File, c: _Chunk, chunk: int, parse) -> PackedChunk:
