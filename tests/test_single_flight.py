@@ -82,3 +82,28 @@ def test_a_load_builds_no_condition(monkeypatch):
         flight, mine = flights.claim(3)
     assert mine and flights.run(3, flight, lambda: "chunk 3") == "chunk 3" and flight.wait() == "chunk 3"
     assert built == []
+
+
+def test_a_key_is_in_flight_from_its_claim_until_its_load_ends_and_asking_runs_no_python():
+    """``key in flights`` is asked for every chunk a plan warms (chunk_cache.load_missing): a dict's own test."""
+    import sys
+
+    lock = threading.Lock()
+    flights = SingleFlight(lock)
+    calls = []
+
+    def count(frame, event, arg):
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    with lock:
+        flight, mine = flights.claim("a")
+        sys.setprofile(count)
+        try:
+            asked = ("a" in flights, "b" in flights)
+        finally:
+            sys.setprofile(None)
+    assert mine and asked == (True, False) and calls == []
+    seen = []
+    assert flights.run("a", flight, lambda: seen.append("a" in flights) or 7) == 7
+    assert seen == [True] and "a" not in flights

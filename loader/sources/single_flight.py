@@ -29,24 +29,22 @@ class Flight:
         return self.value
 
 
-class SingleFlight:
-    """The loads under way, claimed and finished under ``lock`` (the owner's, which guards its cache too)."""
+class SingleFlight(dict):
+    """The loads under way by key, claimed and finished under ``lock`` (the owner's, which guards its cache too).
+    A dict of their ``Flight``s, so that ``key in flights`` (holding the lock: is ``key`` being loaded now?), asked
+    for every chunk a plan warms, is the dict's own test, in C."""
 
     def __init__(self, lock: threading.Lock):
+        super().__init__()
         self._lock = lock
-        self._flights: dict[Hashable, Flight] = {}
-
-    def __contains__(self, key: Hashable) -> bool:
-        """(Holding the lock.) Is ``key`` being loaded now?"""
-        return key in self._flights
 
     def claim(self, key: Hashable) -> tuple[Flight, bool]:
         """(Holding the lock.) The load of ``key`` under way, and whether it is the caller's (a new one: the caller
         must ``run`` it) rather than another thread's (to ``wait`` for)."""
-        flight = self._flights.get(key)
+        flight = self.get(key)
         if flight is not None:
             return flight, False
-        flight = self._flights[key] = Flight()
+        flight = self[key] = Flight()
         return flight, True
 
     def run(self, key: Hashable, flight: Flight, load: Callable[[], object], *,
@@ -63,7 +61,7 @@ class SingleFlight:
             raise
         finally:
             with self._lock:
-                del self._flights[key]
+                del self[key]
                 if keep is not None and flight.value is not None:
                     keep(flight.value)
             flight.ended.release()
