@@ -10,23 +10,8 @@ import torch
 
 def complete(batch: dict | None) -> int:
     """Give ``batch`` its ``valid`` mask if the runner left it out (every sample valid), and count the valid
-    samples (0 for no batch)."""
-    if batch is None:
-        return 0
-    if "valid" not in batch:
-        index = batch["index"]
-        rows = index.shape[0]  # (len() of a tensor is a Python method: four calls)
-        device = index.device
-        if device.type != "cpu":
-            batch["valid"] = torch.ones(rows, dtype=torch.bool, device=device)
-            return rows
-        global _all_valid
-        kept = _all_valid  # (one read: another loader's batch thread may replace it)
-        if kept.shape[0] != rows:
-            kept = _all_valid = torch.ones(rows, dtype=torch.bool)
-        batch["valid"] = kept.clone()
-        return rows
-    return int(batch["valid"].sum())
+    samples (0 for no batch). (``_each_completed``'s step, which a delivered batch takes with no call of this.)"""
+    return next(_each_completed(((batch, None),)))[2]
 
 
 # A CPU batch's all-True ``valid`` is a copy of this one, never handed out itself (a trainer may write into a batch's
@@ -56,5 +41,23 @@ class Delivered:
 
 
 def _each_completed(batches: Iterator[tuple[dict | None, Any]]) -> Iterator[tuple[dict | None, Any, int]]:
+    """Each batch with its ``valid`` mask filled in where the runner left it out, and its valid samples (worked out
+    here, not in a call per batch: this runs on the batch thread)."""
+    global _all_valid
     for batch, info in batches:
-        yield batch, info, complete(batch)
+        if batch is None:
+            yield batch, info, 0
+        elif "valid" in batch:
+            yield batch, info, int(batch["valid"].sum())
+        else:
+            index = batch["index"]
+            rows = index.shape[0]  # (len() of a tensor is a Python method: four calls)
+            device = index.device
+            if device.type != "cpu":
+                batch["valid"] = torch.ones(rows, dtype=torch.bool, device=device)
+            else:
+                kept = _all_valid  # (one read: another loader's batch thread may replace it)
+                if kept.shape[0] != rows:
+                    kept = _all_valid = torch.ones(rows, dtype=torch.bool)
+                batch["valid"] = kept.clone()
+            yield batch, info, rows

@@ -49,3 +49,27 @@ def test_delivered_completes_each_batch_of_a_stream():
     got = list(stream)
     assert [(info, n) for _, info, n in got] == [("a", 2), ("b", 0), ("c", 3)]
     assert got[1][0] is None and got[0][0]["valid"].tolist() == [True, True]
+
+
+def test_a_delivered_batch_is_completed_with_no_python_call_of_its_own():
+    """The batch thread resumes one generator per batch: completing a batch calls no Python function besides."""
+    import sys
+
+    made = [(_batch(4), "a"), (_batch(4), "b"), (None, "c")]
+    source = iter(made)  # (a list's iterator: no Python frame of its own)
+    stream = Delivered(source)
+    calls = []
+
+    def count(frame, event, arg):
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    got = []
+    sys.setprofile(count)
+    try:
+        for _ in made:
+            got.append(next(stream._completed))
+    finally:
+        sys.setprofile(None)
+    assert [n for _, _, n in got] == [4, 4, 0] and all(b["valid"].all() for b, _, _ in got[:2])
+    assert calls == ["_each_completed"] * 3
