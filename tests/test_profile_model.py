@@ -231,13 +231,16 @@ class _Order:
     """An order of ``buffer_rows`` per shuffle buffer-full (None: no buffer, as an image order), batch b of
     its first epoch holding the indices [b * batch_size, (b + 1) * batch_size)."""
 
-    def __init__(self, batch_size: int, buffer_rows):
-        self.batch_size, self.buffer_rows = batch_size, buffer_rows
+    def __init__(self, batch_size: int, buffer_rows, batches: int = 100):
+        self.batch_size, self.buffer_rows, self.batches = batch_size, buffer_rows, batches
+
+    def __len__(self):
+        return self.batches
 
     def epoch(self, epoch):
         import numpy as np
         from feedline.loader.sampler import BatchPlan
-        for b in range(100):
+        for b in range(self.batches):
             yield BatchPlan(np.arange(b * self.batch_size, (b + 1) * self.batch_size), np.ones(self.batch_size, bool),
                             batch=b)
 
@@ -278,3 +281,23 @@ def test_a_streamed_tables_batch_path_goes_over_whole_buffer_fulls(buffer_rows, 
     assert log["profiled"] == list(range(6)) and log["path"] == path
     assert profiler.buffer_batches(lambda b, s: _Order(b, buffer_rows), 16) == (
         1 if buffer_rows is None else -(-buffer_rows // 16))
+
+
+def test_a_buffer_larger_than_the_table_counts_the_tables_batches(tmp_path):
+    """A table smaller than its shuffle buffer is one buffer-full: its batch path goes over two epochs, not over
+    two buffers' worth of batches of the file read again and again (512 a buffer-full at batch 128)."""
+    from feedline.datagen.synthetic_criteo import make_criteo
+    from feedline.loader import Loader
+    from feedline.loader.placement import profiler
+    from feedline.loader.profile import _orders
+    from feedline.pipelines.criteo import criteo
+
+    assert profiler.buffer_batches(lambda b, s: _Order(b, 65_536, batches=24), 128) == 24
+    assert profiler.buffer_batches(lambda b, s: _Order(b, 1_000, batches=24), 128) == 8
+    make_criteo(tmp_path / "day.tsv", 3_000, seed=0)
+    loader = Loader(criteo(tmp_path / "day.tsv"), batch_size=128, placement="cpu")
+    try:
+        assert loader.shuffle_buffer > 3_000
+        assert profiler.buffer_batches(_orders(loader), 128) == len(loader) == 24
+    finally:
+        loader.close()
