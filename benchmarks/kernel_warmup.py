@@ -71,8 +71,11 @@ def warm_kernels(path: str | os.PathLike, readers: tuple[str, ...], *, batch_siz
         try:
             done = pool.submit(warm, job).result(timeout=timeout_s)
         except Exception as exc:
+            hint = ("; its process died: if a script of yours runs the bench, put the script's top-level code under "
+                    "`if __name__ == \"__main__\":` (the warm-up's spawned process imports the script again), or run "
+                    "`feedline bench`" if isinstance(exc, concurrent.futures.process.BrokenProcessPool) else "")
             raise RuntimeError(f"the kernel warm-up (readers {', '.join(readers)} over a sample of "
-                               f"{job['path']!r}) failed: {type(exc).__name__}: {exc}") from exc
+                               f"{job['path']!r}) failed: {type(exc).__name__}: {exc}{hint}") from exc
     return {"kernel_compile_s": round(done["compile_s"], 3), "kernels_compiled": sum(done["compiled"].values()),
             "kernel_warmup_s": round(time.perf_counter() - began, 3), "kernel_warmup_readers": list(readers)}
 

@@ -111,3 +111,14 @@ def test_on_a_fresh_cache_the_warm_up_compiles_and_the_timed_run_only_loads(tsv,
     again = bench("again.json")
     assert again["kernels_compiled"] == 0 and again["kernel_compile_s"] == 0
     assert again["kernels_compiled_in_timing"] == 0
+
+
+def test_a_script_without_a_main_guard_is_told_what_to_do(tsv, tmp_path):
+    """A script calling the bench at its top level: the warm-up's spawned process imports it again and dies; the
+    error says where the fix is instead of multiprocessing's BrokenProcessPool alone."""
+    script = tmp_path / "my_bench.py"
+    script.write_text("from feedline.benchmarks import kernel_warmup\n"
+                      f"kernel_warmup.warm_kernels({str(tsv)!r}, ('loader_cache_on',), batch_size=8, table_size=10)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode != 0
+    assert "BrokenProcessPool" in done.stderr and 'if __name__ == "__main__":' in done.stderr
