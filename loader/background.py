@@ -165,10 +165,10 @@ class BackgroundStream:
         return self
 
     def __next__(self) -> Any:
-        if os.getpid() != self._pid:
-            raise RuntimeError(f"feedline's batch thread runs in process {self._pid}; this process ({os.getpid()}) "
-                               f"was forked from it and cannot take its batches")
-        if self._done:
+        if self._done:  # (also set in a forked child, by a fork hook: no system call per batch)
+            if os.getpid() != self._pid:
+                raise RuntimeError(f"feedline's batch thread runs in process {self._pid}; this process "
+                                   f"({os.getpid()}) was forked from it and cannot take its batches")
             raise StopIteration
         if self._taker is None:
             self._shorten_taker()
@@ -266,6 +266,16 @@ def _close_all() -> None:
     """No batch thread outlives the interpreter's last Python code: each is stopped and joined at exit."""
     for stream in list(_live):
         stream.close()
+
+
+def _done_in_child() -> None:
+    """In a child made by ``fork()`` no stream's thread exists: each is done (and ``__next__`` says why)."""
+    for stream in list(_live):
+        stream._done = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_done_in_child)
 
 
 def _last_at_exit() -> None:

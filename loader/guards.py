@@ -3,6 +3,7 @@ newer ``iter(loader)`` replaced, and a Loader copied into a child process by ``f
 from __future__ import annotations
 
 import os
+import weakref
 
 
 class StaleIteratorError(RuntimeError):
@@ -34,18 +35,23 @@ class Iterations:
 
 class ProcessGuard:
     """The process a Loader's batch thread and pipelines live in, from its first iteration on. Threads do not
-    survive ``fork()``: a forked child sees the Loader's prefetched batches but nothing that makes more."""
+    survive ``fork()``: a forked child sees the Loader's prefetched batches but nothing that makes more.
+
+    ``copied`` is set in a forked child by a fork hook, so that a batch asks an attribute (``if guard.copied:
+    guard.check()``), not the system (``os.getpid()``: a system call per batch on the trainer's thread)."""
 
     def __init__(self):
         self.pid: int | None = None
+        self.copied = False
 
     def started(self) -> None:
         if self.pid is None:
             self.pid = os.getpid()
+            _started.add(self)
 
     @property
     def forked(self) -> bool:
-        return self.pid is not None and self.pid != os.getpid()
+        return self.copied or (self.pid is not None and self.pid != os.getpid())
 
     def check(self) -> None:
         if self.forked:
@@ -54,3 +60,15 @@ class ProcessGuard:
                 f"by fork(); its batch thread and pipelines exist only in process {self.pid}. Build the Loader in "
                 f"the process that iterates it (e.g. in the worker, after the fork); to continue where the parent "
                 f"stood, pass the parent's loader.state_dict() to the new Loader's load_state_dict().")
+
+
+_started: "weakref.WeakSet[ProcessGuard]" = weakref.WeakSet()
+
+
+def _mark_copied() -> None:
+    for guard in list(_started):
+        guard.copied = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_mark_copied)

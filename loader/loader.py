@@ -193,7 +193,8 @@ class Loader:
     def _next(self) -> tuple[dict | None, Any, int]:
         """The next ``(batch, info, valid samples)``. If the GPU fails under a GPU placement, the controller
         moves to the CPU placement and the batch in flight is made again there."""
-        self._process.check()
+        if self._process.copied:  # (a fork hook's mark: no system call per batch)
+            self._process.check()
         while True:
             try:
                 return self.meter.take(self._stream.next)

@@ -5,12 +5,14 @@ import json
 import os
 import select
 import signal
+import sys
 import threading
 import time
 
 import pytest
 
 from feedline.loader import Loader
+from feedline.loader.background import BackgroundStream
 from feedline.loader.cursor import Cursor
 from feedline.pipelines import image
 
@@ -76,6 +78,37 @@ def test_a_forked_child_gets_a_clear_error_not_the_parents_batches(image_dir):
     assert seen["state"] == ["value", 1] and seen["close"] == ["value", None]
     # The parent goes on, unharmed, from its next batch.
     assert first + [i for b in it for i in b["index"].tolist()] == list(range(37))
+    loader.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
+def test_a_batch_stream_refuses_a_forked_child_open_or_closed():
+    streams = {"open": BackgroundStream(lambda: iter(range(100)), 2), "closed": BackgroundStream(lambda: iter([]), 2)}
+    assert next(streams["open"]) == 0
+    streams["closed"].close()
+    wait_for(lambda: streams["open"].ready == 2, "two items are ready")
+    seen = in_a_forked_child(lambda: {name: outcome(lambda: next(stream)) for name, stream in streams.items()})
+    for name in streams:
+        kind, message = seen[name]
+        assert kind == "RuntimeError" and f"runs in process {os.getpid()}" in message, seen
+        assert "was forked from it and cannot take its batches" in message
+    assert next(streams["open"]) == 1  # the parent's stream goes on
+    streams["open"].close()
+
+
+def test_taking_a_ready_batch_asks_the_system_nothing_about_forks(image_dir):
+    """The fork checks of a batch read marks set by fork hooks: no os.getpid(), a system call, per batch."""
+    loader = Loader(image.val(image_dir, size=32), batch_size=4, placement="cpu", prefetch=2)
+    it = iter(loader)
+    next(it)
+    wait_for(lambda: loader.background.ready == 2, "two batches are ready")
+    called = []
+    sys.setprofile(lambda frame, event, arg: called.append(arg) if event == "c_call" else None)
+    try:
+        next(it)
+    finally:
+        sys.setprofile(None)
+    assert os.getpid not in called and len(called) > 1
     loader.close()
 
 
