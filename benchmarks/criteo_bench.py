@@ -32,7 +32,8 @@ from ..pipelines.criteo import CATEGORICAL_NAMES, DENSE_NAMES
 from . import kernel_warmup
 from .criteo_readers import TABLE_SIZE, open_loader
 from .numba_compiles import compiled_kernels, compiled_since
-from .trainer import CEILING_NOTE, ceiling_summary, check_trainer_step, cuda_sync, paired_rounds, trainer_summary
+from .trainer import (CEILING_NOTE, SPLIT_NOTE, ceiling_summary, check_trainer_step, cuda_sync, paired_rounds,
+                      trainer_summary)
 
 WARMUP_BATCHES = 2
 # Before each round of the trainer comparison: feedline's threads refill its read-ahead during the pause, not
@@ -171,7 +172,7 @@ def _trainer_notes(result: dict, loader: Loader, path: str) -> list[str]:
                                   "thread" if result.get("trainer_slice") else
                                   "no side's thread had the trainer's short scheduler slice (FEEDLINE_TRAINER_SLICE=0, "
                                   "or not available here)"),
-             CEILING_NOTE]
+             CEILING_NOTE, SPLIT_NOTE]
     cached = None
     if not os.path.isdir(path) and not path.lower().endswith((".parquet", ".pq")):
         cached = cached_note("feedline", len(loader.source), loader.shuffle_buffer)

@@ -14,8 +14,8 @@ from ..pipelines import image
 from ..pipelines.image_sources import WebDataset
 from ..pipelines.validate import one_of, positive_int
 from . import image_baselines
-from .trainer import (CEILING_NOTE, ceiling_summary, check_trainer_step, cuda_sync, median_rate, paired_rounds,
-                      trainer_summary)
+from .trainer import (CEILING_NOTE, SPLIT_NOTE, ceiling_summary, check_trainer_step, cuda_sync, median_rate,
+                      paired_rounds, trainer_summary)
 
 # Both loaders read ahead in the background (DataLoader workers, feedline's prefetch queue); after a switch the
 # idle one refills its queue, which would steal cores from the one being timed.
@@ -88,7 +88,7 @@ def bench_image(data: str, *, pipeline: str = "image-train", placement: str = "c
         result["fraction_of_bound"] = result["feedline_samples_per_s"] / decode["bound_samples_per_s"]
         result["notes"] = [bound_note(spec)]
     if loaded is not None:
-        result.setdefault("notes", []).append(CEILING_NOTE)
+        result.setdefault("notes", []).extend((CEILING_NOTE, SPLIT_NOTE))
     return result
 
 

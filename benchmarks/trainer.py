@@ -1,9 +1,9 @@
 """A simulated trainer, written once for every benchmark: throughput as a training job sees it.
 
-For every batch it takes, the trainer sleeps a fixed step on the iterating thread. ``time.sleep`` releases the
-GIL, as a GPU trainer waiting on its kernels does, so a loader that makes its batches on threads of its own
-keeps working during the step, while one that makes them inside ``next()`` makes the trainer wait. The trainer
-records how long it is blocked in ``next()``.
+For every batch it takes, the trainer sleeps a fixed step on the iterating thread. The sleep (``time.sleep``'s,
+see :mod:`feedline.benchmarks.stamped_sleep`) releases the GIL, as a GPU trainer waiting on its kernels does, so
+a loader that makes its batches on threads of its own keeps working during the step, while one that makes them
+inside ``next()`` makes the trainer wait. The trainer records how long it is blocked in ``next()``.
 
 Words used in the reports:
 
@@ -14,7 +14,8 @@ Words used in the reports:
   :func:`paired_rounds` each trainer round sits between two capacity rounds of the same loader, its capacity is
   theirs pooled (samples / seconds of both), and the reported efficiency is the median of the rounds' own;
 * wait share: seconds blocked in ``next()`` / seconds of the whole timed loop, with the trainer;
-* overrun: the mean measured step minus the step asked for (the trainer woke late).
+* overrun: the mean measured step minus the step asked for, split where it can be into the trainer waking late
+  (the OS) and waiting for the GIL after waking (another thread's Python): see :func:`run_trainer`.
 
 Loaders are compared in alternating rounds (:func:`alternate`, :func:`paired_rounds`), each reporting its median
 round.
@@ -102,13 +103,22 @@ def run_trainer(stream: Iterator, batches: int, step_s: float, sync: Callable[[]
     ``wait_s`` (blocked in ``next()``), ``wait_share`` (``wait_s / seconds``), ``step_s`` and
     ``demand_samples_per_s`` (``samples / (batches * step_s)``, the rate if the trainer never waited; ``inf``
     with no step) and ``slept_s`` (the mean measured length of a step: more than ``step_s`` when the machine is
-    too busy to wake the trainer on time). With ``per_step``, also ``waits_s`` and ``slept_each_s``: every timed
-    batch's time in ``next()`` and its measured step.
+    too busy to wake the trainer on time). The step's overrun (``slept_s - step_s``) is split where the step is
+    :func:`feedline.benchmarks.stamped_sleep.sleeper`'s sleep: ``woke_late_s`` (mean a step: the OS woke the
+    thread after its deadline), ``gil_wait_s`` (mean a step: from waking to running Python again, the GIL held by
+    another thread) and ``gil_wait_share`` (all the steps' GIL waits / ``seconds``); None for the three with no
+    step or where that sleep is not available (``time.sleep`` is the step then). With ``per_step``, also
+    ``waits_s``, ``slept_each_s``, ``woke_late_each_s`` and ``gil_wait_each_s``: every timed batch's time in
+    ``next()``, its measured step and that step's split (empty lists where there is no split).
     """
     finite_at_least("step_s", step_s, 0)
     int_at_least("warmup", warmup, 0)
+    sleep_until = native_sleep() if step_s else None  # before any clock: its first call compiles or loads it
+    step_ns = round(step_s * 1e9)
     waits: list[float] = []
     slept: list[float] = []
+    late: list[int] = []
+    gil: list[int] = []
     taken = [0]
 
     def trained():
@@ -121,7 +131,14 @@ def run_trainer(stream: Iterator, batches: int, step_s: float, sync: Callable[[]
                                  f"stream (feedline.loader.epochs.endless(lambda: loader))") from None
             waits.append(time.perf_counter() - began)
             taken[0] += 1
-            if step_s:
+            if sleep_until is not None:
+                began_ns = time.perf_counter_ns()
+                woke_ns = sleep_until(began_ns + step_ns)  # the step: releases the GIL, as time.sleep
+                running_ns = time.perf_counter_ns()
+                late.append(woke_ns - began_ns - step_ns)
+                gil.append(running_ns - woke_ns)
+                slept.append((running_ns - began_ns) * 1e-9)
+            elif step_s:
                 began = time.perf_counter()
                 time.sleep(step_s)  # the step: releases the GIL, as a trainer waiting on its GPU kernels
                 slept.append(time.perf_counter() - began)
@@ -130,19 +147,34 @@ def run_trainer(stream: Iterator, batches: int, step_s: float, sync: Callable[[]
     steps = trained()
     for _ in range(warmup):
         next(steps)
-    waits.clear()
-    slept.clear()
+    for kept in (waits, slept, late, gil):
+        kept.clear()
     # measure_loader's clock covers `batches` whole iterations: each is next() on the loader, then the step
     with exact_sleeps():
         timed = measure_loader(lambda: steps, batches, 0, sync=sync)
     steps.close()
     seconds = timed["seconds"]
+    split = sleep_until is not None
     result = {**timed, "wait_s": sum(waits), "wait_share": sum(waits) / seconds, "step_s": float(step_s),
               "slept_s": sum(slept) / batches,
-              "demand_samples_per_s": timed["samples"] / (batches * step_s) if step_s else math.inf}
+              "demand_samples_per_s": timed["samples"] / (batches * step_s) if step_s else math.inf,
+              "woke_late_s": sum(late) * 1e-9 / batches if split else None,
+              "gil_wait_s": sum(gil) * 1e-9 / batches if split else None,
+              "gil_wait_share": sum(gil) * 1e-9 / seconds if split else None}
     if per_step:
         result["waits_s"], result["slept_each_s"] = list(waits), list(slept)
+        result["woke_late_each_s"], result["gil_wait_each_s"] = [t * 1e-9 for t in late], [t * 1e-9 for t in gil]
     return result
+
+
+def native_sleep() -> Callable[[int], int] | None:
+    """The trainer's step where its overrun can be split (:func:`feedline.benchmarks.stamped_sleep.sleeper`), else
+    None (``time.sleep`` is the step)."""
+    try:
+        from .stamped_sleep import sleeper
+    except ImportError:  # no numba
+        return None
+    return sleeper()
 
 
 def efficiency(delivered: float, capacity: float, demand: float) -> float:
@@ -262,12 +294,25 @@ def free_batches(like: dict) -> Iterator:
 def ceiling_summary(runs: list[dict], step_s: float) -> dict:
     """The report's keys of the ceiling rounds (:func:`paired_rounds` with ``ceiling``): the trainer's
     efficiency over a loader that costs nothing (delivered / demand: only the step's own overrun and the loop
-    keep it under 1), median and per round, its step overrun (measured - asked) and its wait share."""
+    keep it under 1), median and per round, its step overrun (measured - asked), its wait share and
+    :func:`overrun_split`'s ``trainer_ceiling_`` keys."""
     each = [efficiency(r["samples_per_s"], math.inf, r["demand_samples_per_s"]) for r in runs]
     return {"trainer_ceiling_efficiency": statistics.median(each),
             "trainer_ceiling_efficiency_per_round": [round(e, 3) for e in each],
             "trainer_ceiling_overrun_ms": 1000.0 * (statistics.median(r["slept_s"] for r in runs) - step_s),
-            "trainer_ceiling_wait_share": statistics.median(r["wait_share"] for r in runs)}
+            "trainer_ceiling_wait_share": statistics.median(r["wait_share"] for r in runs),
+            **overrun_split(runs, "trainer_ceiling_")}
+
+
+def overrun_split(runs: list[dict], prefix: str) -> dict:
+    """``{prefix}woke_late_ms``, ``{prefix}gil_wait_ms`` (each the median over ``runs`` of the round's mean a step)
+    and ``{prefix}gil_wait_share`` (median): see :func:`run_trainer`. None where a round has no split."""
+    keys = {}
+    for key, name, scale in (("woke_late_s", "woke_late_ms", 1e3), ("gil_wait_s", "gil_wait_ms", 1e3),
+                             ("gil_wait_share", "gil_wait_share", 1.0)):
+        values = [r.get(key) for r in runs]
+        keys[prefix + name] = None if None in values else scale * statistics.median(values)
+    return keys
 
 
 CEILING_NOTE = ("trainer_ceiling_efficiency: the same trainer rounds (same step and batches as feedline's) over a "
@@ -275,6 +320,14 @@ CEILING_NOTE = ("trainer_ceiling_efficiency: the same trainer rounds (same step 
                 "median: what the simulation itself reaches at best on this machine now, held under 1 by the "
                 "step's sleep waking late (trainer_ceiling_overrun_ms) and the loop's own time; efficiency is "
                 "measured as before, so compare it with this ceiling, not with 1")
+SPLIT_NOTE = ("trainer_woke_late_ms, trainer_gil_wait_ms and trainer_gil_wait_share (the same with baseline_ for "
+              "the baseline's trainer rounds and trainer_ceiling_ for the ceiling rounds): where the trainer's steps "
+              "overran, each the median over rounds of the round's own. The step is a sleep that reads the clock "
+              "the moment the thread wakes, before it takes the GIL back: woke late = the OS woke the trainer's "
+              "thread after the step's deadline (other threads held the cores), GIL wait = from waking to running "
+              "Python again (another thread held the GIL), both mean ms a step (a round's step overrun is their "
+              "sum); trainer_gil_wait_share = the GIL waits' seconds / the round's seconds, what the loader's "
+              "Python costs the trainer. None where that sleep is not available (not Linux; time.sleep is the step)")
 
 
 def median_rate(runs: list[dict]) -> float:
@@ -314,11 +367,11 @@ def trainer_summary(capacity: Mapping[str, list[dict]], loaded: Mapping[str, lis
     """The report's trainer keys from capacity rounds (no trainer) and loaded rounds (``step_s`` per batch):
     ``trainer_step_ms``, ``trainer_step_auto``, ``trainer_step_measured_ms``, ``trainer_step_overrun_ms``
     (measured - asked), ``demand_samples_per_s``, ``capacity_samples_per_s``, ``delivered_samples_per_s``,
-    ``efficiency``, ``trainer_wait_share`` for ``main``, and where ``baseline`` was measured the same with a
-    ``baseline_`` prefix plus ``delivered_speedup`` (main delivered / baseline delivered) and
-    ``delivered_speedup_per_round``. Each figure is the median over rounds. ``efficiency``: with ``paired``
-    (rounds from :func:`paired_rounds`) the median of :func:`paired_efficiencies` (also given per round as
-    ``efficiency_per_round``); otherwise delivered / min(capacity, demand) of the medians."""
+    ``efficiency``, ``trainer_wait_share`` and :func:`overrun_split`'s ``trainer_`` keys for ``main``, and where
+    ``baseline`` was measured the same with a ``baseline_`` prefix plus ``delivered_speedup`` (main delivered /
+    baseline delivered) and ``delivered_speedup_per_round``. Each figure is the median over rounds.
+    ``efficiency``: with ``paired`` (rounds from :func:`paired_rounds`) the median of :func:`paired_efficiencies`
+    (also given per round as ``efficiency_per_round``); otherwise delivered / min(capacity, demand) of the medians."""
     measured = statistics.median(r["slept_s"] for r in loaded[main])
     result = {"trainer_step_ms": step_s * 1000.0, "trainer_step_auto": auto,
               "trainer_step_measured_ms": 1000.0 * measured, "trainer_step_overrun_ms": 1000.0 * (measured - step_s)}
@@ -337,6 +390,7 @@ def trainer_summary(capacity: Mapping[str, list[dict]], loaded: Mapping[str, lis
         else:
             result[f"{prefix}efficiency"] = efficiency(got, cap, demand)
         result[f"{prefix}trainer_wait_share"] = statistics.median(r["wait_share"] for r in loaded[name])
+        result.update(overrun_split(loaded[name], f"{prefix}trainer_"))
     if baseline is not None and baseline in loaded:
         result["delivered_speedup"] = result["delivered_samples_per_s"] / result["baseline_delivered_samples_per_s"]
         result["delivered_speedup_per_round"] = [round(f["samples_per_s"] / b["samples_per_s"], 3)

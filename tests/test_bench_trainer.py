@@ -290,6 +290,16 @@ def check_trainer_keys(result: dict, *, baseline: bool) -> None:
     assert 0 < result["trainer_ceiling_efficiency"] <= 1 and result["trainer_ceiling_overrun_ms"] >= 0
     assert 0 <= result["trainer_ceiling_wait_share"] < 1
     assert any(note.startswith("trainer_ceiling_efficiency: ") for note in result["notes"])
+    # the step's overrun split into waking late and waiting for the GIL, for every side's trainer rounds
+    assert trainer.SPLIT_NOTE in result["notes"]
+    for prefix in ("trainer_", "trainer_ceiling_") + (("baseline_trainer_",) if baseline else ()):
+        late, gil, share = (result[prefix + k] for k in ("woke_late_ms", "gil_wait_ms", "gil_wait_share"))
+        if trainer.native_sleep() is None:
+            assert late is gil is share is None
+            continue
+        assert late >= 0 and gil >= 0 and 0 <= share < 1
+        if result["rounds"] == 1 and prefix == "trainer_":  # one round: the overrun is exactly the two
+            assert math.isclose(result["trainer_step_overrun_ms"], late + gil, abs_tol=1e-6)
 
 
 def test_image_train_with_auto_step_and_the_torchvision_baseline(image_dir, tmp_path, quick):
