@@ -39,10 +39,12 @@ class Cursor:
         with self.lock:
             self.epoch, self.batches, self.sample, self.complete, self.pinned = epoch, 0, 0, False, pinned
 
-    def advance(self, info: BatchInfo, delivered: bool) -> None:
+    def advance(self, info: BatchInfo, delivered: bool) -> tuple[int, int]:
+        """Past the batch ``info`` says; returns ``next_sample`` after it (one call per batch, not two)."""
         with self.lock:
             self.sample, self.complete = info.end, info.last
             self.batches += delivered
+            return (self.epoch + 1, 0) if info.last else (self.epoch, info.end)
 
     @property
     def next_sample(self) -> tuple[int, int]:

@@ -16,11 +16,14 @@ from .sampler import Order
 
 class EpochStream:
     """``thread``: the ``BackgroundStream`` while one runs, else None; ``at``: ``(epoch, sample)`` of the next
-    batch it makes. The thread holds the order and the runner's ``batches``, never the Loader."""
+    batch it makes; ``next()``: the next ``(batch, info, valid samples)`` (``Delivered``), the thread's own
+    ``__next__`` (no call of this class's per batch). The thread holds the order and the runner's ``batches``,
+    never the Loader."""
 
     def __init__(self):
         self.thread: BackgroundStream | None = None
         self.at: tuple[int, int] | None = None
+        self.next: Callable[[], tuple[dict | None, Any, int]] = _no_thread
 
     def open(self, order: Order, batches: Callable[[Iterator], Iterator], cursor: Cursor, *, prefetch: int,
              device: torch.device, making: str, placement: str) -> None:
@@ -36,21 +39,23 @@ class EpochStream:
         self.thread = BackgroundStream(lambda: Delivered(batches(plans)), prefetch,
                                        cuda=device if device.type == "cuda" else None, describe=lambda: where)
         self.at = (epoch, start)
+        self.next = self.thread.__next__
 
     def stands_at(self, place: tuple[int, int]) -> bool:
         """Whether a thread runs whose next batch starts at ``place``."""
         return self.thread is not None and self.at == place
 
-    def next(self) -> tuple[dict | None, Any, int]:
-        """The next ``(batch, info, valid samples)`` (``Delivered``)."""
-        return next(self.thread)
-
     def close(self, wait: bool = True) -> None:
         """Stop the thread (``BackgroundStream.close``: a finaliser must not ``wait``)."""
         if self.thread is not None:
             self.thread.close(wait=wait)
-        self.thread, self.at = None, None
+        self.thread, self.at, self.next = None, None, _no_thread
 
     def let_go(self) -> None:
         """Forget the thread without touching it: in a child made by ``fork()`` it is the parent's."""
-        self.thread = None
+        self.thread, self.next = None, _no_thread
+
+
+def _no_thread() -> tuple[dict | None, Any, int]:
+    """``EpochStream.next`` while no thread runs (a stream closed under an iterator): ``next(None)``'s error."""
+    raise TypeError("'NoneType' object is not an iterator")

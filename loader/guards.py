@@ -16,17 +16,18 @@ class ForkedLoaderError(RuntimeError):
 
 class Iterations:
     """One active iterator per Loader: starting an iteration (the first ``next`` of a new ``iter(loader)``)
-    takes the Loader over, and an older iterator raises when it is used again."""
+    takes the Loader over, and an older iterator raises when it is used again (``check``; a batch asks
+    ``if token is not iterations.active`` first, without a call)."""
 
     def __init__(self):
-        self._active: object | None = None
+        self.active: object | None = None
 
     def start(self) -> object:
-        self._active = token = object()
+        self.active = token = object()
         return token
 
     def check(self, token: object, epoch: int) -> None:
-        if token is not self._active:
+        if token is not self.active:
             raise StaleIteratorError(
                 f"this iterator of the Loader (epoch {epoch}) was replaced: a newer iter(loader) started since, "
                 f"and a Loader runs one iteration at a time (its position, its batch thread and its state are "

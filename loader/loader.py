@@ -164,47 +164,50 @@ class Loader:
                           making=f"{self.pipeline.name!r} batches", placement=self.pipeline.describe_cut(self.cut))
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        self._process.check()
-        token = self._iterations.start()
-        self._process.started()
-        self.cursor.begin()
+        process, iterations, cursor, stream = self._process, self._iterations, self.cursor, self._stream
+        process.check()
+        token = iterations.start()
+        process.started()
+        cursor.begin()
         self.placer.begin()
-        if not self._stream.stands_at(self.cursor.next_sample):
+        if not stream.stands_at(cursor.next_sample):
             self._open_stream()
-        epoch, samples, padding, skipped = self.cursor.epoch, 0, 0, 0
-        while not self.cursor.complete:
-            batch, info, valid = self._next()
+        take, delivered = self.meter.monitor.take, self.meter.monitor.delivered  # (per batch: no meter's call)
+        epoch, samples, padding, skipped = cursor.epoch, 0, 0, 0
+        while not cursor.complete:
+            if process.copied:  # (a fork hook's mark: no system call per batch)
+                process.check()
+            try:
+                batch, info, valid = take(stream.next)
+            except BaseException as exc:
+                batch, info, valid = self._after_failure(exc)
             skipped += info.skipped
-            self.cursor.advance(info, delivered=batch is not None)
-            self._stream.at = self.cursor.next_sample
+            stream.at = cursor.advance(info, delivered=batch is not None)
             if batch is not None:
                 rows = batch["index"].shape[0]  # (len() of a tensor is a Python method: four calls)
                 samples += valid
                 padding += rows - valid
-                self.meter.delivered(valid)
+                delivered(valid)
                 self.placer.delivered(rows)  # a new placement makes the batches after this one
                 yield batch
-                self._iterations.check(token, epoch)
-        self.epoch_summaries[epoch] = {"batches": self.cursor.batches, "samples": samples, "padding": padding,
+                if token is not iterations.active:
+                    iterations.check(token, epoch)
+        self.epoch_summaries[epoch] = {"batches": cursor.batches, "samples": samples, "padding": padding,
                                        "skipped": skipped}
         log.log(logging.WARNING if skipped else logging.INFO, "feedline: epoch %d delivered %d samples (and %d "
-                "padding) in %d batches, skipped %d", epoch, samples, padding, self.cursor.batches, skipped)
+                "padding) in %d batches, skipped %d", epoch, samples, padding, cursor.batches, skipped)
 
-    def _next(self) -> tuple[dict | None, Any, int]:
-        """The next ``(batch, info, valid samples)``. If the GPU fails under a GPU placement, the controller
-        moves to the CPU placement and the batch in flight is made again there."""
-        if self._process.copied:  # (a fork hook's mark: no system call per batch)
-            self._process.check()
-        while True:
+    def _after_failure(self, error: BaseException) -> tuple[dict | None, Any, int]:
+        """The next ``(batch, info, valid samples)`` after taking one raised ``error``: if the GPU failed under a GPU
+        placement, the controller moves to the CPU placement and the batch in flight is made again there; any other
+        error stops the stream and is raised."""
+        while isinstance(error, Exception) and self.placer.fall_back(error):
             try:
-                return self.meter.take(self._stream.next)
-            except Exception as exc:
-                if not self.placer.fall_back(exc):
-                    self._stream.close()
-                    raise
-            except BaseException:
-                self._stream.close()
-                raise
+                return self.meter.monitor.take(self._stream.next)
+            except BaseException as exc:
+                error = exc
+        self._stream.close()
+        raise error
 
     def _follow(self, config: RunnerConfig) -> None:
         """Run from now on with the controller's new ``config``: the next stream starts after the last delivered

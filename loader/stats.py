@@ -38,18 +38,9 @@ class DeliveryMeter:
         return self.monitor.waiting()
 
     def take(self, get: Callable[[], T]) -> T:
-        """``get()`` timed as the trainer's wait for a batch, as ``with meter.waiting(): get()`` times it, without
-        a context manager's half-dozen Python steps (the Loader's ``next()``, once per batch on the trainer's
-        thread)."""
-        monitor = self.monitor
-        monitor.wait_started()
-        try:
-            got = get()
-        except BaseException:
-            monitor.wait_failed()
-            raise
-        monitor.wait_ended()
-        return got
+        """``get()`` timed as the trainer's wait for a batch, as ``with meter.waiting(): get()`` times it
+        (``WaitMonitor.take``, which the Loader calls itself: once per batch on the trainer's thread)."""
+        return self.monitor.take(get)
 
     def delivered(self, samples: int) -> None:
         self.monitor.delivered(samples)

@@ -1,4 +1,5 @@
 """Monitors: NVML missing or failing reads as 'no GPU', waits are timed exactly, CPU readings stay in range."""
+import contextlib
 import sys
 import types
 
@@ -185,6 +186,35 @@ def test_a_failed_fetch_is_not_counted():
             raise StopIteration
     assert monitor.sample().batches == 0
     monitor.wait_started()   # the failed fetch left no wait open
+
+
+def test_a_take_is_recorded_as_a_waiting_block_is():
+    """``take(get)`` (the Loader's, per batch) and ``with waiting(): get()`` give the same records, also where the
+    clock stepped back (a wait is never negative, nor a step); a failed take is not counted, nor the step after."""
+    records = []
+    for use_take in (False, True):
+        times = iter([100.0, 101.0, 103.0, 102.5, 102.0, 104.0, 106.0, 106.5, 107.0, 108.0])
+        monitor = WaitMonitor(clock=lambda: next(times))
+
+        def get(fail=False):
+            if fail:
+                raise KeyError("no batch")
+            return "batch"
+
+        for fail in (False, False, False, True, False):
+            with pytest.raises(KeyError) if fail else contextlib.nullcontext():
+                if use_take:
+                    assert monitor.take(lambda: get(fail)) == "batch"
+                else:
+                    with monitor.waiting():
+                        get(fail)
+        monitor.delivered(7)
+        records.append(monitor.since(0))
+    assert records[0] == records[1] == [(100.0, 101.0, None, None), (103.0, 103.0, 2.0, None),
+                                        (102.0, 104.0, 0.0, None), (106.5, 107.0, None, 7)]
+    monitor.wait_started()
+    with pytest.raises(RuntimeError, match="take\\(\\) called between wait_started\\(\\) and wait_ended"):
+        monitor.take(get)
 
 
 def test_wait_monitor_arguments_are_checked():

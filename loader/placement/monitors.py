@@ -225,7 +225,8 @@ class WaitMonitor:
             raise TypeError(f"clock must be callable (e.g. time.perf_counter), got {type(clock).__name__}")
         self._clock = clock
         self.kept = max(positive_int("kept", kept), self.window)
-        # per batch [asked, got, step before it (None: none known), samples delivered (None: not said)]
+        # per batch, as the clock read it: [asked, got, handed over before (None: not known), samples delivered
+        # (None: not said)]; ``since`` makes the step and clamps (not each batch, on the trainer's thread)
         self._batches: deque[list] = deque(maxlen=self.kept)
         self.count = 0         # batches timed so far: readers mark where their window starts by it
         self._mark = 0         # where the scheduler's window starts
@@ -240,12 +241,28 @@ class WaitMonitor:
     def wait_ended(self) -> None:
         if self._waiting_since is None:
             raise RuntimeError("wait_ended() called without wait_started()")
-        now, asked = self._clock(), self._waiting_since
-        step = None if self._handed_over_at is None else max(0.0, asked - self._handed_over_at)
-        self._batches.append([asked, max(now, asked), step, None])
+        now = self._clock()
+        self._batches.append([self._waiting_since, now, self._handed_over_at, None])
         self.count += 1
         self._waiting_since = None
         self._handed_over_at = now
+
+    def take(self, get: Callable[[], T]) -> T:
+        """``get()`` timed as ``with monitor.waiting(): get()`` times it, in one call (the Loader's ``next()``, per
+        batch on the trainer's thread)."""
+        if self._waiting_since is not None:
+            raise RuntimeError("take() called between wait_started() and wait_ended()")
+        asked = self._clock()
+        try:
+            got = get()
+        except BaseException:
+            self._handed_over_at = None
+            raise
+        now = self._clock()
+        self._batches.append([asked, now, self._handed_over_at, None])
+        self.count += 1
+        self._handed_over_at = now
+        return got
 
     def wait_failed(self) -> None:
         """The fetch since ``wait_started()`` failed: not counted (nor the step before the next one)."""
@@ -277,7 +294,8 @@ class WaitMonitor:
         """``(asked, got, step before, samples)`` of each batch timed from the ``mark``-th on, as far back as
         it keeps them."""
         kept = list(self._batches)
-        return [tuple(b) for b in kept[max(0, len(kept) - (self.count - mark)):]]
+        return [(asked, max(got, asked), None if before is None else max(0.0, asked - before), samples)
+                for asked, got, before, samples in kept[max(0, len(kept) - (self.count - mark)):]]
 
     def sample(self) -> WaitReading:
         batches = self.since(self._mark)[-self.window:]
