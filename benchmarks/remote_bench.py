@@ -3,7 +3,8 @@
 The trainer process is pinned to ``local_cores`` of this process's cores (``os.sched_setaffinity``, before Ray
 starts, so Ray's own processes share them too), and each worker to the next ``cpus_per_worker`` cores: adding
 the workers adds cores the local loader cannot use, as another machine's would. Both loaders use the CPU
-placement; they are measured in alternating rounds (median of each), like the other benchmarks.
+placement; they are measured in alternating rounds (median of each), like the other benchmarks. With a trainer
+step, each turn of trainer rounds ends with a round of the simulation's own ceiling, as in the criteo bench.
 
 On a machine that allows network traffic on loopback only, run it in a private network namespace (Ray binds
 the machine's interface address whenever it has one): ``unshare -rn sh -c 'ip link set lo up && feedline
@@ -19,9 +20,11 @@ from ..loader import Loader, RayWorkers
 from ..loader.epochs import endless
 from ..loader.runners.remote import object_store_seconds
 from ..pipelines.spec import PipelineSpec
-from .trainer import alternate, check_trainer_step, counted, median_rate, resolve_step_s, trainer_summary
+from .trainer import (CEILING_NOTE, SPLIT_NOTE, alternate, ceiling_summary, check_trainer_step, counted,
+                      free_batches, median_rate, resolve_step_s, trainer_summary)
 
 SETTLE_S = 1.5
+CEILING = "trainer ceiling"  # the ceiling rounds' name among the streams of a trainer turn
 # The local cluster's object store: bounded, and its memory allocated when Ray starts
 # (``preallocate_plasma_memory``). Otherwise each object a worker puts gets pages of its own that the kernel
 # allocates and zeroes as they are first written (every page of every group of batches), and gives back when
@@ -90,12 +93,13 @@ def bench_remote(spec: PipelineSpec, *, batch_size: int, remote_workers: int, cp
         runner.remote_batches = 0
         capacity = alternate(streams, rounds=rounds, per_round=per_round, untimed=untimed, settle_s=settle_s,
                              on_turn=lambda name: bar.set_description(f"bench {name}"))
-        loaded, step_s = None, None
+        loaded, ceiling, step_s = None, None, None
         if step is not None:
             step_s = resolve_step_s(step, capacity["remote"])
-            loaded = alternate(streams, rounds=rounds, per_round=per_round, untimed=untimed, step_s=step_s,
-                               settle_s=settle_s, on_turn=lambda name: bar.set_description(
-                                   f"bench {name} + trainer {step_s * 1000:.1f} ms"))
+            loaded, ceiling = trainer_turns(streams, capacity["remote"][0], rounds=rounds, per_round=per_round,
+                                            untimed=untimed, step_s=step_s, settle_s=settle_s,
+                                            on_turn=lambda name: bar.set_description(
+                                                f"bench {name} + trainer {step_s * 1000:.1f} ms"))
         # A group of batches as a worker makes them (distinct, held at once): what its return puts into Ray's store.
         group = [next(streams["local"]) for _ in range(runner.group_plans)]
         for stream in streams.values():
@@ -129,9 +133,20 @@ def bench_remote(spec: PipelineSpec, *, batch_size: int, remote_workers: int, cp
     if loaded is not None:
         result.update(trainer_summary(capacity, loaded, step_s, auto=step == "auto", main="remote",
                                       baseline="local"))
+        result.update(ceiling_summary(ceiling, step_s))
+        result["notes"] = [CEILING_NOTE, SPLIT_NOTE]
     for loader in contenders.values():
         loader.close()
     if address is None:
         ray.shutdown()
     return result
+
+
+def trainer_turns(streams: dict, like: dict, **alternated) -> tuple[dict[str, list[dict]], list[dict]]:
+    """The trainer rounds of ``streams`` (:func:`feedline.benchmarks.trainer.alternate` with ``alternated``), each
+    turn ending with a ceiling round: the same trainer, step and batches over a loader that costs nothing, batches
+    of the size of the round ``like`` (:func:`feedline.benchmarks.trainer.free_batches`). Returns the streams'
+    rounds and the ceiling rounds."""
+    runs = alternate({**streams, CEILING: free_batches(like)}, **alternated)
+    return runs, runs.pop(CEILING)
 

@@ -233,6 +233,23 @@ def test_ceiling_rounds_run_the_same_trainer_over_a_loader_that_costs_nothing():
                          main="a")["ceiling"] is None
 
 
+def test_the_remote_benchs_trainer_turns_end_with_a_ceiling_round():
+    from feedline.benchmarks.remote_bench import trainer_turns
+
+    turns = []
+    streams = {"local": made_on_the_iterating_thread(0.002), "remote": made_on_the_iterating_thread(0.001)}
+    like = fake_run(400.0, size=5)
+    loaded, ceiling = trainer_turns(streams, like, rounds=2, per_round=3, untimed=1, step_s=0.002,
+                                    on_turn=turns.append)
+    assert turns == ["local", "remote", "trainer ceiling"] * 2
+    assert list(loaded) == ["local", "remote"] and [len(r) for r in loaded.values()] == [2, 2]
+    # the same step and batches as the loaders' rounds, over batches of `like`'s size (5, where the loaders' are 8)
+    assert len(ceiling) == 2 and all(r["batches"] == 3 and r["samples"] == 15 and r["step_s"] == 0.002
+                                     for r in ceiling)
+    summary = trainer.ceiling_summary(ceiling, 0.002)
+    assert 0 < summary["trainer_ceiling_efficiency"] <= 1 and len(summary["trainer_ceiling_efficiency_per_round"]) == 2
+
+
 def test_a_paired_round_counts_against_the_capacity_around_it():
     capacity = [fake_run(400.0), fake_run(200.0), fake_run(400.0)]
     loaded = [fake_run(250.0, step_s=SIZE / 400.0), fake_run(300.0, step_s=SIZE / 400.0)]
