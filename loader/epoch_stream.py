@@ -16,14 +16,14 @@ from .sampler import Order
 
 class EpochStream:
     """``thread``: the ``BackgroundStream`` while one runs, else None; ``at``: ``(epoch, sample)`` of the next
-    batch it makes; ``next()``: the next ``(batch, info, valid samples)`` (``Delivered``), the thread's own
+    batch it makes; ``next()``: the next ``(batch, info, valid samples, rows)`` (``Delivered``), the thread's own
     ``__next__`` (no call of this class's per batch). The thread holds the order and the runner's ``batches``,
     never the Loader."""
 
     def __init__(self):
         self.thread: BackgroundStream | None = None
         self.at: tuple[int, int] | None = None
-        self.next: Callable[[], tuple[dict | None, Any, int]] = _no_thread
+        self.next: Callable[[], tuple[dict | None, Any, int, int]] = _no_thread
 
     def open(self, order: Order, batches: Callable[[Iterator], Iterator], cursor: Cursor, *, prefetch: int,
              device: torch.device, making: str, placement: str) -> None:
@@ -56,6 +56,6 @@ class EpochStream:
         self.thread, self.next = None, _no_thread
 
 
-def _no_thread() -> tuple[dict | None, Any, int]:
+def _no_thread() -> tuple[dict | None, Any, int, int]:
     """``EpochStream.next`` while no thread runs (a stream closed under an iterator): ``next(None)``'s error."""
     raise TypeError("'NoneType' object is not an iterator")

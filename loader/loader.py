@@ -178,13 +178,12 @@ class Loader:
             if process.copied:  # (a fork hook's mark: no system call per batch)
                 process.check()
             try:
-                batch, info, valid = take(stream.next)
+                batch, info, valid, rows = take(stream.next)
             except BaseException as exc:
-                batch, info, valid = self._after_failure(exc)
+                batch, info, valid, rows = self._after_failure(exc)
             skipped += info.skipped
             stream.at = cursor.advance(info, delivered=batch is not None)
             if batch is not None:
-                rows = batch["index"].shape[0]  # (len() of a tensor is a Python method: four calls)
                 samples += valid
                 padding += rows - valid
                 delivered(valid)
@@ -197,10 +196,10 @@ class Loader:
         log.log(logging.WARNING if skipped else logging.INFO, "feedline: epoch %d delivered %d samples (and %d "
                 "padding) in %d batches, skipped %d", epoch, samples, padding, cursor.batches, skipped)
 
-    def _after_failure(self, error: BaseException) -> tuple[dict | None, Any, int]:
-        """The next ``(batch, info, valid samples)`` after taking one raised ``error``: if the GPU failed under a GPU
-        placement, the controller moves to the CPU placement and the batch in flight is made again there; any other
-        error stops the stream and is raised."""
+    def _after_failure(self, error: BaseException) -> tuple[dict | None, Any, int, int]:
+        """The next ``(batch, info, valid samples, rows)`` after taking one raised ``error``: if the GPU failed under a
+        GPU placement, the controller moves to the CPU placement and the batch in flight is made again there; any
+        other error stops the stream and is raised."""
         while isinstance(error, Exception) and self.placer.fall_back(error):
             try:
                 return self.meter.monitor.take(self._stream.next)

@@ -42,10 +42,16 @@ def test_a_batch_with_a_mask_keeps_it_and_counts_its_valid_samples():
     assert complete(None) == 0
 
 
+def test_delivered_counts_the_rows_of_a_batch_with_a_mask_apart_from_its_valid_samples():
+    masked = _batch(3)
+    masked["valid"] = torch.tensor([True, False, False])
+    assert [(n, rows) for _, _, n, rows in Delivered(iter([(masked, "a"), (_batch(5), "b")]))] == [(1, 3), (5, 5)]
+
+
 def test_delivered_completes_each_batch_of_a_stream():
     stream = Delivered(iter([(_batch(2), "a"), (None, "b"), (_batch(3), "c")]))
     got = list(stream)
-    assert [(info, n) for _, info, n in got] == [("a", 2), ("b", 0), ("c", 3)]
+    assert [(info, n, rows) for _, info, n, rows in got] == [("a", 2, 2), ("b", 0, 0), ("c", 3, 3)]
     assert got[1][0] is None and got[0][0]["valid"].tolist() == [True, True]
 
 
@@ -69,5 +75,6 @@ def test_a_delivered_batch_is_completed_with_no_python_call_of_its_own():
             got.append(next(stream._completed))
     finally:
         sys.setprofile(None)
-    assert [n for _, _, n in got] == [4, 4, 0] and all(b["valid"].all() for b, _, _ in got[:2])
+    assert [(n, rows) for _, _, n, rows in got] == [(4, 4), (4, 4), (0, 0)]
+    assert all(b["valid"].all() for b, *_ in got[:2])
     assert calls == ["_each_completed"] * 3
