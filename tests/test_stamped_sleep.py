@@ -79,12 +79,14 @@ def test_a_thread_holding_the_gil_through_a_step_is_measured_as_gil_wait():
     stream.close()
     (began, ended), = held
     late, gil = run["woke_late_each_s"], run["gil_wait_each_s"]
-    # step 2 began before the hold (the trainer held the GIL until it slept) and Python ran again after it, so
-    # woke late + GIL wait covers the hold past the step
-    assert late[2] + gil[2] >= (ended - began) - STEP_S
+    # The hold starts once the trainer sleeps (it held the GIL until then): in step 2, or a later one where the
+    # holder was not on a core before the trainer woke. That step began before the hold and ran Python again after
+    # it, so its late + GIL wait covers the hold past the step; no other step can overlap it.
+    hit = max(range(6), key=lambda i: late[i] + gil[i])
+    assert hit >= 2 and late[hit] + gil[hit] >= (ended - began) - STEP_S
     # the OS woke the trainer well within the hold, which it then waited for: most of the hold is GIL wait
-    assert gil[2] >= 0.5 * HOLD_S
-    assert max(gil[:2] + gil[3:]) < 0.25 * HOLD_S  # the other steps overlap no hold
+    assert gil[hit] >= 0.5 * HOLD_S
+    assert max(gil[:hit] + gil[hit + 1:]) < 0.25 * HOLD_S  # the other steps overlap no hold
     assert run["gil_wait_share"] == pytest.approx(sum(gil) / run["seconds"])
     assert run["gil_wait_s"] == pytest.approx(sum(gil) / 6) and run["woke_late_s"] == pytest.approx(sum(late) / 6)
 
