@@ -1,5 +1,7 @@
 """The batch thread's ``valid`` mask (loader.delivery): every all-valid batch gets a mask of its own, all True, of
 its rows and on its index's device, whatever was done to an earlier batch's; a batch with one keeps it."""
+import weakref
+
 import torch
 
 from feedline.loader.delivery import Delivered, complete
@@ -78,3 +80,24 @@ def test_a_delivered_batch_is_completed_with_no_python_call_of_its_own():
     assert [(n, rows) for _, _, n, rows in got] == [(4, 4), (4, 4), (0, 0)]
     assert all(b["valid"].all() for b, *_ in got[:2])
     assert calls == ["_each_completed"] * 3
+
+
+def test_a_mask_the_trainer_let_go_of_is_filled_again_and_one_still_held_never_is():
+    stream = Delivered((_batch(rows), i) for i, rows in enumerate((4, 4, 4, 4, 3)))
+    first = next(stream)[0]
+    first["valid"][1] = False  # the trainer writes into its mask, then lets the batch go
+    let_go = weakref.ref(first["valid"])
+    del first
+    second = next(stream)[0]
+    assert second["valid"] is let_go() and second["valid"].tolist() == [True] * 4  # kept, filled again
+    view = second["valid"][:2]  # a view keeps the mask's storage: it is not filled again under it
+    del second
+    third = next(stream)[0]
+    assert third["valid"] is not let_go() and view.data_ptr() != third["valid"].data_ptr()
+    third["valid"].zero_()
+    fourth = next(stream)[0]  # third is held: its mask is not fourth's
+    assert fourth["valid"].data_ptr() not in (third["valid"].data_ptr(), view.data_ptr())
+    assert view.tolist() == [True, True] and third["valid"].tolist() == [False] * 4
+    del third, fourth, view
+    last = next(stream)[0]
+    assert last["valid"].shape == (3,) and last["valid"].tolist() == [True] * 3  # never a mask of other rows
