@@ -983,10 +983,9 @@ def group_by_chunk(rows, first_row, num_rows, chunks, bounds, local, positions):
 
 
 @kernel
-def touched_chunks(rows, first_row, num_rows, part, parts, out):
-    """The chunks ``c`` holding one of ``rows`` (``first_row`` as ``group_by_chunk`` takes it) with ``c % parts ==
-    part``, increasing, into ``out`` (int64 [>= chunks]); returns how many, or -1, writing nothing, when a row is
-    not in ``[0, num_rows)``."""
+def touched_chunks(rows, first_row, num_rows, out):
+    """The chunks holding one of ``rows`` (``first_row`` as ``group_by_chunk`` takes it), increasing, into ``out``
+    (int64 [>= chunks]); returns how many, or -1, writing nothing, when a row is not in ``[0, num_rows)``."""
     n = rows.shape[0]
     for i in range(n):
         if rows[i] < 0 or rows[i] >= num_rows:
@@ -1000,7 +999,7 @@ def touched_chunks(rows, first_row, num_rows, part, parts, out):
     for i in range(n):
         marks[chunk_at(first_row, top, shift, rows[i])] = True
     count = 0
-    for c in range(part, chunks, parts):
+    for c in range(chunks):
         if marks[c]:
             out[count] = c
             count += 1

@@ -250,18 +250,15 @@ def group_by_chunk(rows: np.ndarray, first_row: np.ndarray, num_rows: int, *, ma
     return chunks, bounds, local.astype(np.int64), positions
 
 
-def touched_chunks(rows: np.ndarray, first_row: np.ndarray, num_rows: int, part: int = 0, parts: int = 1
-                   ) -> np.ndarray:
+def touched_chunks(rows: np.ndarray, first_row: np.ndarray, num_rows: int) -> np.ndarray:
     """The chunks (numbers, increasing) holding any of ``rows`` (1-D int64, each in ``[0, num_rows)``: an
-    ``IndexError`` says otherwise; ``first_row`` as :func:`group_by_chunk` takes it), only those numbered ``part``
-    modulo ``parts`` (one share of them, picked in the same native pass)."""
+    ``IndexError`` says otherwise; ``first_row`` as :func:`group_by_chunk` takes it)."""
     native = kernels("gather")
     if native is not None and first_row.size:
         out = np.empty(first_row.size, dtype=np.int64)
-        count = native.touched_chunks(rows, first_row, num_rows, part, parts, out)
+        count = native.touched_chunks(rows, first_row, num_rows, out)
         if count >= 0:
             return out[:count]
     if rows.size and (rows.min() < 0 or rows.max() >= num_rows):
         raise IndexError(f"rows must lie in [0, {num_rows}), got values in [{rows.min()}, {rows.max()}]")
-    chunks = np.unique(np.searchsorted(first_row, rows, side="right") - 1)
-    return chunks if parts == 1 else chunks[chunks % parts == part]
+    return np.unique(np.searchsorted(first_row, rows, side="right") - 1)

@@ -284,9 +284,6 @@ def test_touched_chunks_names_each_chunk_holding_a_row(path, first_row, num_rows
     for rows in (rng.integers(0, num_rows, 3000), rng.integers(0, num_rows, 3), np.array([num_rows - 1, 0])):
         want = np.unique(np.searchsorted(first_row, rows, side="right") - 1)
         assert gather_module.touched_chunks(rows.astype(np.int64), first_row, num_rows).tolist() == want.tolist()
-        for part, parts in ((0, 2), (1, 2), (2, 3), (4, 5), (0, 7)):  # one share of them, as a warming plan reads
-            got = gather_module.touched_chunks(rows.astype(np.int64), first_row, num_rows, part, parts)
-            assert got.tolist() == [c for c in want.tolist() if c % parts == part]
     for bad in (-1, num_rows):
         with pytest.raises(IndexError, match=rf"rows must lie in \[0, {num_rows}\)"):
             gather_module.touched_chunks(np.array([0, bad, 1]), first_row, num_rows)
