@@ -11,6 +11,7 @@ import torch
 from .background import BackgroundStream
 from .cursor import Cursor
 from .delivery import Delivered
+from .guards import StaleIteratorError
 from .sampler import Order
 
 
@@ -57,5 +58,8 @@ class EpochStream:
 
 
 def _no_thread() -> tuple[dict | None, Any, int, int]:
-    """``EpochStream.next`` while no thread runs (a stream closed under an iterator): ``next(None)``'s error."""
-    raise TypeError("'NoneType' object is not an iterator")
+    """``EpochStream.next`` while no thread runs: the stream was closed under an iterator still in use."""
+    raise StaleIteratorError(
+        "this iterator of the Loader was stopped: Loader.close(), load_state_dict() or set_epoch() ran since it "
+        "began, which end the batches it was taking. Start a new iteration (iter(loader)) to go on from the "
+        "Loader's position now.")

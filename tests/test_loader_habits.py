@@ -50,6 +50,23 @@ def test_peeking_with_next_iter_mid_epoch(train):
     loader.close()
 
 
+@pytest.mark.parametrize("stop", ["close", "load_state_dict"])
+def test_an_iterator_stopped_under_it_says_what_stopped_it(tmp_path, stop):
+    path = tmp_path / "c.tsv"
+    make_criteo(path, rows=300, seed=1)
+    loader = Loader(criteo(path), batch_size=64, placement="cpu", shuffle=True)
+    it = iter(loader)
+    next(it)
+    saved = loader.state_dict()
+    next(it)
+    loader.close() if stop == "close" else loader.load_state_dict(saved)
+    with pytest.raises(StaleIteratorError, match="close\\(\\), load_state_dict\\(\\) or set_epoch\\(\\)"):
+        next(it)
+    if stop == "load_state_dict":  # a new iteration goes on from the state loaded: the rest of the epoch
+        assert sum(b["index"].shape[0] for b in loader) == 300 - 64
+    loader.close()
+
+
 def test_nested_loops_over_one_loader_fail_loudly(train):
     loader = Loader(train, batch_size=8, placement="cpu")
     with pytest.raises(StaleIteratorError):
