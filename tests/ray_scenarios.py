@@ -1,5 +1,6 @@
 """Remote workers on a local Ray cluster, every scenario in one process (one cluster start), run by
-tests/test_remote.py inside a network namespace where only loopback is up. Writes a JSON report.
+tests/test_remote.py inside a network namespace where only loopback is up (tests/test_valid_remote.py reads the
+same report). Writes a JSON report.
 
 python ray_scenarios.py DATA_DIR OUT_JSON
 """
@@ -18,6 +19,8 @@ import torch
 from feedline.loader import Loader, RayWorkers
 from feedline.pipelines import image
 from feedline.pipelines.criteo import criteo
+
+import valid_remote_scenario
 
 
 def digest(batch) -> str:
@@ -194,7 +197,8 @@ def main(data: str, out: str) -> None:
     report["after_writes"] = epochs(remote, 1)  # ... without changing the next ones
     report["sockets"] = sockets_of_ray()
     report["interfaces"] = sorted(psutil.net_if_addrs())
-    remote.close()
+    # ``remote`` stays open until the shared scenario: every Loader given ``workers`` (or RayWorkers of the same
+    # shape) meanwhile runs on its two actors, as a trainer's next Loaders would, instead of starting new ones.
 
     table_spec = criteo(str(table))
     report["criteo_local"] = epochs(Loader(table_spec, batch_size=256, placement="cpu", seed=1))
@@ -219,11 +223,59 @@ def main(data: str, out: str) -> None:
     killed.close()
 
     lap("killed")
-    # A train and a val Loader given one RayWorkers, used in turn, on a cluster with room for one set of workers.
+    # Resume mid-epoch from a state saved by a loader with remote workers.
+    first = Loader(spec, batch_size=4, placement="cpu", seed=3, remote=workers)
+    it = iter(first)
+    head = [digest(next(it)) for _ in range(4)]
+    state = first.state_dict()
+    first.close()
+    second = Loader(spec, batch_size=4, placement="cpu", seed=3, remote=workers)
+    second.load_state_dict(state)
+    report["resumed"] = head + [digest(b) for b in second] + [digest(b) for b in second]
+    second.close()
+
+    lap("resume")
+    # Skips reported by workers land in loader.skipped; every good sample arrives once.
+    skipping = Loader(image.val(bad_images, size=32), batch_size=4, placement="cpu", on_error="skip",
+                      remote=workers, shuffle=False)
+    valid = []
+    for b in skipping:
+        mask = b.get("valid", torch.ones(len(b["index"]), dtype=torch.bool))
+        valid += b["index"][mask].tolist()
+    report["skip_valid"] = valid
+    report["skip_listed"] = [s.where for s in skipping.skipped]
+    report["skip_len"] = [len(skipping), skipping.epoch_summaries[0]["batches"]]
+    skipping.close()
+
+    lap("skips")
+    # Two ranks, each with a RayWorkers of its own (in this one process, both on the pool's first actor): together
+    # every sample once, each as its local counterpart.
+    ranks = []
+    for rank in range(2):
+        mine = Loader(spec, batch_size=4, placement="cpu", seed=3, rank=rank, world_size=2,
+                      remote=RayWorkers(num_workers=1))
+        theirs = Loader(spec, batch_size=4, placement="cpu", seed=3, rank=rank, world_size=2)
+        batches = list(mine)
+        ranks.append({"equal": [digest(b) for b in batches] == [digest(b) for b in theirs],
+                      "valid": [i for b in batches for i in b["index"][b.get("valid", torch.ones(
+                          len(b["index"]), dtype=torch.bool))].tolist()]})
+        mine.close()
+    report["ranks"] = ranks
+    lap("ranks")
+    # placement="auto": the only node is this machine, so workers there would take the local threads' cores.
+    auto = Loader(spec, batch_size=4, placement="auto", seed=3, remote=workers)
+    report["auto_single_node"] = [epochs(auto, 1), auto.plan["remote"]]
+    auto.close()
+    lap("auto_single_node")
+    report["valid"] = valid_remote_scenario.run(Path(data, "valid"), RayWorkers(num_workers=1))  # test_valid_remote
+    lap("valid")
+    # A train and a val Loader given one RayWorkers, used in turn, on a cluster with room for one set of workers
+    # (``remote``'s, which then closes: they alone hold it).
     shared = RayWorkers(num_workers=2, start_timeout_s=30)
     val_spec = image.val(images, size=32)
     train = Loader(spec, batch_size=4, placement="cpu", seed=3, remote=shared)
     val = Loader(val_spec, batch_size=4, placement="cpu", shuffle=False, remote=shared)
+    remote.close()
     report["shared_turns"] = [epochs(train, 1), epochs(val, 1), epochs(train, 1), epochs(val, 1)]
     report["shared_val_local"] = epochs(Loader(val_spec, batch_size=4, placement="cpu", shuffle=False), 1)
     report["shared_actors"] = [sorted(w.actor_id for w in loader.runner.team) for loader in (train, val)]
@@ -286,54 +338,10 @@ def main(data: str, out: str) -> None:
     logging.getLogger("feedline").removeHandler(lines)
     val.close()
     report["free_after_both_closed"] = free_cpus(ray, 2)
-
-    lap("hang")
-    # Resume mid-epoch from a state saved by a loader with remote workers.
-    first = Loader(spec, batch_size=4, placement="cpu", seed=3, remote=workers)
-    it = iter(first)
-    head = [digest(next(it)) for _ in range(4)]
-    state = first.state_dict()
-    first.close()
-    second = Loader(spec, batch_size=4, placement="cpu", seed=3, remote=workers)
-    second.load_state_dict(state)
-    report["resumed"] = head + [digest(b) for b in second] + [digest(b) for b in second]
-    second.close()
-
-    lap("resume")
-    # Skips reported by workers land in loader.skipped; every good sample arrives once.
-    skipping = Loader(image.val(bad_images, size=32), batch_size=4, placement="cpu", on_error="skip",
-                      remote=workers, shuffle=False)
-    valid = []
-    for b in skipping:
-        mask = b.get("valid", torch.ones(len(b["index"]), dtype=torch.bool))
-        valid += b["index"][mask].tolist()
-    report["skip_valid"] = valid
-    report["skip_listed"] = [s.where for s in skipping.skipped]
-    report["skip_len"] = [len(skipping), skipping.epoch_summaries[0]["batches"]]
-    skipping.close()
-
-    lap("skips")
-    # Two ranks, each with workers of its own: together every sample once, each as its local counterpart.
-    ranks = []
-    for rank in range(2):
-        mine = Loader(spec, batch_size=4, placement="cpu", seed=3, rank=rank, world_size=2,
-                      remote=RayWorkers(num_workers=1))
-        theirs = Loader(spec, batch_size=4, placement="cpu", seed=3, rank=rank, world_size=2)
-        batches = list(mine)
-        ranks.append({"equal": [digest(b) for b in batches] == [digest(b) for b in theirs],
-                      "valid": [i for b in batches for i in b["index"][b.get("valid", torch.ones(
-                          len(b["index"]), dtype=torch.bool))].tolist()]})
-        mine.close()
-    report["ranks"] = ranks
-    lap("ranks")
-    # placement="auto": the only node is this machine, so workers there would take the local threads' cores.
-    auto = Loader(spec, batch_size=4, placement="auto", seed=3, remote=workers)
-    report["auto_single_node"] = [epochs(auto, 1), auto.plan["remote"]]
-    auto.close()
     report["sockets"] += sockets_of_ray()
     ray.shutdown()
 
-    lap("auto_single_node")
+    lap("hang_and_shutdown")
     # A second node (Ray's own test cluster: another raylet on this machine) has room: auto adds workers there.
     from ray.cluster_utils import Cluster
 

@@ -39,8 +39,22 @@ def _namespace_prefix() -> list[str]:
                 f"{probe.stderr.strip()}")
 
 
+_reports: dict = {}  # the scenarios' report, once a session: test_valid_remote.py reads it too
+
+
+def scenarios_report(tmp_path_factory) -> dict:
+    """The report of tests/ray_scenarios.py, run once a session (it starts Ray, its workers, and a second cluster)."""
+    if "report" not in _reports:
+        _reports["report"] = _run_scenarios(tmp_path_factory)
+    return _reports["report"]
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
+    return scenarios_report(tmp_path_factory)
+
+
+def _run_scenarios(tmp_path_factory) -> dict:
     prefix = _namespace_prefix()
     data = tmp_path_factory.mktemp("remote")
     write_images(data / "images", 37, classes=3)
@@ -59,6 +73,10 @@ def report(tmp_path_factory):
     for line in bad_lines:
         lines[line - 1] = "x" + lines[line - 1]  # the label is no longer a number
     (tables / "bad.tsv").write_text("".join(lines))
+    valid = data / "valid"  # for tests/test_valid_remote.py
+    not_an_image = write_images(valid / "images", 10, classes=2, seed=5)[3]
+    not_an_image.write_bytes(b"not an image")
+    make_criteo(valid / "criteo.tsv", rows=300, seed=0)
     out = data / "report.json"
     script = f'ip link set lo up 2>/dev/null || ifconfig lo up; exec "$0" "$1" "$2" "$3"'
     run = subprocess.run([*prefix, "sh", "-c", script, sys.executable, str(SCENARIOS), str(data), str(out)],
@@ -70,6 +88,8 @@ def report(tmp_path_factory):
     report["bad_index"] = sorted(str(p) for p in (data / "bad_images").rglob("*.jpg")).index(str(bad[6]))
     report["bad_path"] = str(bad[6])
     report["image_files"] = sorted(str(p) for p in (data / "images").rglob("*.jpg"))  # in the source's order
+    report["valid"]["not_an_image"] = sorted(str(p) for p in (valid / "images").rglob("*.jpg")).index(
+        str(not_an_image))
     return report
 
 

@@ -1,10 +1,5 @@
-"""Remote workers' batches carry ``valid`` like local ones: run by tests/test_valid_remote.py inside a network
-namespace where only loopback is up (one local Ray cluster). Writes a JSON report.
-
-python valid_remote_scenario.py DATA_DIR OUT_JSON
-"""
-import json
-import sys
+"""Remote workers' batches carry ``valid`` like local ones: a scenario of tests/ray_scenarios.py (its one Ray
+session, inside a network namespace where only loopback is up), checked by tests/test_valid_remote.py."""
 from pathlib import Path
 
 import torch
@@ -26,13 +21,8 @@ def epoch(loader) -> dict:
     return {"checks": checks, "delivered": delivered}
 
 
-def main(data: str, out: str) -> None:
-    import ray
-
-    # A new cluster, whatever /tmp/ray/ray_current_cluster names (a cluster that ended without removing it).
-    ray.init(address="local", include_dashboard=False, log_to_driver=False, configure_logging=False)
-    data = Path(data)
-    workers = RayWorkers(num_workers=1)
+def run(data: Path, workers: RayWorkers) -> dict:
+    """An epoch of ``data/images`` (one of them not an image) and of ``data/criteo.tsv`` on ``workers``."""
     report = {}
     for name, spec, kwargs in (
             ("images", image.val(data / "images", size=32), {"batch_size": 4, "on_error": "skip"}),
@@ -43,8 +33,4 @@ def main(data: str, out: str) -> None:
         report[name] = epoch(loader)
         report[name]["remote_batches"] = loader.runner.remote_batches
         loader.close()
-    Path(out).write_text(json.dumps(report))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    return report
