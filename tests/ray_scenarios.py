@@ -244,6 +244,7 @@ def main(data: str, out: str) -> None:
         valid += b["index"][mask].tolist()
     report["skip_valid"] = valid
     report["skip_listed"] = [s.where for s in skipping.skipped]
+    report["skip_listed_locally"] = [s.where for s in skipping.runner.local.skipped]
     report["skip_len"] = [len(skipping), skipping.epoch_summaries[0]["batches"]]
     skipping.close()
 

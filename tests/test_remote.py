@@ -58,8 +58,9 @@ def _run_scenarios(tmp_path_factory) -> dict:
     prefix = _namespace_prefix()
     data = tmp_path_factory.mktemp("remote")
     write_images(data / "images", 37, classes=3)
-    bad = write_images(data / "bad_images", 14, classes=2, seed=5)
-    bad[6].write_bytes(b"this is not an image")
+    # Sample 5 in the source's order (class_0/img_0010.jpg): in batch 1, the first one the deal sends a worker.
+    bad = write_images(data / "bad_images", 14, classes=2, seed=5)[10]
+    bad.write_bytes(b"this is not an image")
     make_criteo(data / "criteo.tsv", rows=3000, seed=0)
     tables = data / "tables"
     tables.mkdir()
@@ -85,8 +86,8 @@ def _run_scenarios(tmp_path_factory) -> dict:
     report = json.loads(out.read_text())
     report["data"] = str(data)
     report["bad_lines"] = bad_lines
-    report["bad_index"] = sorted(str(p) for p in (data / "bad_images").rglob("*.jpg")).index(str(bad[6]))
-    report["bad_path"] = str(bad[6])
+    report["bad_index"] = sorted(str(p) for p in (data / "bad_images").rglob("*.jpg")).index(str(bad))
+    report["bad_path"] = str(bad)
     report["image_files"] = sorted(str(p) for p in (data / "images").rglob("*.jpg"))  # in the source's order
     report["valid"]["not_an_image"] = sorted(str(p) for p in (valid / "images").rglob("*.jpg")).index(
         str(not_an_image))
@@ -218,6 +219,7 @@ def test_skips_made_by_workers_land_in_loader_skipped(report):
     bad = report["bad_index"]
     assert sorted(report["skip_valid"]) == [i for i in range(14) if i != bad]
     assert report["skip_listed"] == [report["bad_path"]]
+    assert report["skip_listed_locally"] == []  # a worker met it, not the local runner
     planned, made = report["skip_len"]
     assert planned == made == 4
 
