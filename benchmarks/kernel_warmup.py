@@ -23,13 +23,14 @@ import multiprocessing
 import os
 import tempfile
 import time
+from typing import Callable, Sequence
 
 from ..loader.cache_policy import CacheSettings
 from ..loader.sources.text_to_columnar import convert
 from ..loader.stream_order import DEFAULT_BUFFER_ROWS
 from ..pipelines.criteo import criteo
 from . import criteo_readers
-from .numba_compiles import compile_timer, compiled_kernels
+from .numba_compiles import compile_timer, compiled_kernels, compiled_since
 
 # More rows than the Loader keeps parsed (two shuffle buffers and a few chunks), so that its chunk cache evicts
 # as on a large file; fewer where the data has fewer.
@@ -44,9 +45,10 @@ READERS = ("loader_cache_on", "loader_cache_off", "feedline_tsv", "feedline_conv
 def note(result: dict) -> str:
     """The report's sentence on the warm-up whose keys are in ``result``."""
     return (f"kernel warm-up: before any clock started, a process of its own ran the feedline readers this bench "
-            f"times ({', '.join(result['kernel_warmup_readers'])}) over a sample of the data (its first "
-            f"{SAMPLE_ROWS:,} rows in the same format, or a few batches of a folder), {EPOCHS} epochs each, so that "
-            f"numba compiled any kernel missing from its disk cache: kernel_compile_s (the seconds it compiled, "
+            f"times ({', '.join(result['kernel_warmup_readers'])}) over a sample of the data (of each of a mix's "
+            f"tables: its first {SAMPLE_ROWS:,} rows in the same format, or a few batches of a folder), {EPOCHS} "
+            f"epochs each, so that numba compiled any kernel missing from its disk cache: kernel_compile_s (the "
+            f"seconds it compiled, "
             f"~0 where the cache held them all, as on every run after a new install's first), kernels_compiled, "
             f"kernel_warmup_s (that whole process); the timed processes load the compiled kernels from the cache "
             f"inside their timing, as a user's later processes do"
@@ -55,16 +57,25 @@ def note(result: dict) -> str:
                " (the remote workers' compiles are not counted: compare first_batch_s with a warm run)"))
 
 
-def warm_kernels(path: str | os.PathLike, readers: tuple[str, ...], *, batch_size: int, table_size: int | None,
-                 placement: str = "cpu", last_batch: str = "partial", timeout_s: float = TIMEOUT_S) -> dict:
-    """Run ``readers`` (names of :data:`READERS`) over a sample of the Criteo data at ``path`` in a process of
-    its own (``spawn``: the same interpreter, the same ``sys.path``, so the same package and numba cache), and
-    wait for it. Returns ``kernel_compile_s`` (seconds the process spent compiling), ``kernels_compiled``,
-    ``kernel_warmup_s`` (the process's whole time, start-up included) and ``kernel_warmup_readers``."""
+class InSample(Exception):
+    """An error reading a sample, its message naming the file the sample was taken from."""
+
+
+def warm_kernels(path: str | os.PathLike | Sequence[str | os.PathLike], readers: tuple[str, ...], *,
+                 batch_size: int, table_size: int | None, placement: str = "cpu", last_batch: str = "partial",
+                 timeout_s: float = TIMEOUT_S) -> dict:
+    """Run ``readers`` (names of :data:`READERS`) over a sample of the Criteo data at ``path`` (or of each of a
+    list of paths: a mix's tables) in a process of its own (``spawn``: the same interpreter, the same
+    ``sys.path``, so the same package and numba cache), and wait for it. Returns ``kernel_compile_s`` (seconds
+    the process spent compiling), ``kernels_compiled``, ``kernel_warmup_s`` (the process's whole time, start-up
+    included) and ``kernel_warmup_readers``."""
     unknown = [r for r in readers if r not in READERS]
     if unknown or not readers:
         raise ValueError(f"readers must be some of {', '.join(READERS)}, got {readers!r}")
-    job = {"path": os.fspath(path), "readers": tuple(readers), "batch_size": batch_size, "table_size": table_size,
+    paths = list(dict.fromkeys(os.fspath(p) for p in (path if isinstance(path, (list, tuple)) else [path])))
+    if not paths:
+        raise ValueError("path must be a path or a non-empty list of paths, got an empty list")
+    job = {"paths": paths, "readers": tuple(readers), "batch_size": batch_size, "table_size": table_size,
            "placement": placement, "last_batch": last_batch}
     began = time.perf_counter()
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -74,10 +85,26 @@ def warm_kernels(path: str | os.PathLike, readers: tuple[str, ...], *, batch_siz
             hint = ("; its process died: if a script of yours runs the bench, put the script's top-level code under "
                     "`if __name__ == \"__main__\":` (the warm-up's spawned process imports the script again), or run "
                     "`feedline bench`" if isinstance(exc, concurrent.futures.process.BrokenProcessPool) else "")
+            reason = str(exc) if isinstance(exc, InSample) else f"{type(exc).__name__}: {exc}"
             raise RuntimeError(f"the kernel warm-up (readers {', '.join(readers)} over a sample of "
-                               f"{job['path']!r}) failed: {type(exc).__name__}: {exc}{hint}") from exc
+                               f"{', '.join(map(repr, paths))}) failed: {reason}{hint}") from exc
     return {"kernel_compile_s": round(done["compile_s"], 3), "kernels_compiled": sum(done["compiled"].values()),
             "kernel_warmup_s": round(time.perf_counter() - began, 3), "kernel_warmup_readers": list(readers)}
+
+
+def warmed_run(bench: Callable[[], dict], path, readers: tuple[str, ...], *, count_compiles: bool = True,
+               **warm) -> dict:
+    """``bench()``, a benchmark timed in this process, run after :func:`warm_kernels` (given ``path``,
+    ``readers`` and ``warm``): its result with the warm-up's keys, its note and, where ``count_compiles``,
+    ``kernels_compiled_in_timing`` (what this process compiled inside ``bench``)."""
+    warmed = warm_kernels(path, readers, **warm)
+    before = compiled_kernels()
+    result = bench()
+    result.update(warmed)
+    if count_compiles:
+        result.update(compiled_since(before))
+    result.setdefault("notes", []).append(note(result))
+    return result
 
 
 def warm(job: dict) -> dict:
@@ -89,9 +116,18 @@ def warm(job: dict) -> dict:
     event.register("numba:compile", timer)
     try:
         with tempfile.TemporaryDirectory(prefix="feedline-kernel-warmup-") as work:
-            sample = sample_of(job["path"], os.path.join(work, "sample"), SAMPLE_ROWS)
-            for reader in job["readers"]:
-                _run(reader, sample or job["path"], None if sample else BOUNDED_BATCHES, job, work)
+            for number, path in enumerate(job["paths"]):
+                folder = os.path.join(work, str(number))
+                sample = sample_of(path, os.path.join(folder, "sample"), SAMPLE_ROWS)
+                os.makedirs(folder, exist_ok=True)
+                try:
+                    for reader in job["readers"]:
+                        _run(reader, sample or path, None if sample else BOUNDED_BATCHES, job, folder)
+                except Exception as exc:
+                    if sample is None:
+                        raise
+                    # the sample's rows are the file's first, at the same lines: name the user's file
+                    raise InSample(f"{type(exc).__name__}: {str(exc).replace(sample, path)}") from None
     finally:
         event.unregister("numba:compile", timer)
     return {"compile_s": timer.seconds, "compiled": compiled_kernels()}

@@ -59,20 +59,13 @@ def run(parser: argparse.ArgumentParser, args) -> dict:
         from ..benchmarks.remote_bench import bench_remote
         criteo = args.pipeline == "criteo"
         batch_size = args.batch_size or (8192 if criteo else 64)
-        warmed = None
-        if criteo:  # the kernels the local loader and the workers run, compiled before anything starts
-            from ..benchmarks import kernel_warmup
-            warmed = kernel_warmup.warm_kernels(args.data, ("loader_cache_on", "loader_cache_off"),
-                                                batch_size=batch_size, table_size=None, last_batch="drop")
-        result = bench_remote(pipeline_spec(args.pipeline, args.data, args.output), batch_size=batch_size,
-                              remote_workers=args.remote_workers, cpus_per_worker=args.cpus_per_worker,
-                              address=args.ray_address, batches=args.batches or (100 if criteo else 150),
-                              rounds=args.rounds or 5, trainer_step_ms=args.trainer_step_ms,
-                              progress=not args.no_progress)
-        if warmed is not None:
-            result.update(warmed)
-            result.setdefault("notes", []).append(kernel_warmup.note(result))
-        return result
+        # the kernels the local loader and the workers run (the workers' compiles are not counted)
+        return _warmed(lambda: bench_remote(
+            pipeline_spec(args.pipeline, args.data, args.output), batch_size=batch_size,
+            remote_workers=args.remote_workers, cpus_per_worker=args.cpus_per_worker, address=args.ray_address,
+            batches=args.batches or (100 if criteo else 150), rounds=args.rounds or 5,
+            trainer_step_ms=args.trainer_step_ms, progress=not args.no_progress),
+            args.pipeline, args.data, batch_size=batch_size, placement="cpu", count_compiles=False)
     if args.baseline in ("torchrec", "pyarrow"):
         return _criteo_baseline(parser, args)
     if args.scratch is not None or args.gil_profile is not None:
@@ -125,10 +118,13 @@ def _mix(parser: argparse.ArgumentParser, args) -> dict:
         parser.error(f"--mix needs two or more sources of distinct names, got {names}")
     from ..benchmarks.mix_bench import bench_mix
     parts = {name: (pipeline_spec(args.pipeline, path, args.output), weight) for name, path, weight in args.mix}
-    criteo = args.pipeline == "criteo"
-    return bench_mix(parts, single=pipeline_spec(args.pipeline, args.data, args.output) if args.data else None,
-                     placement=args.placement, batch_size=args.batch_size or (8192 if criteo else 64),
-                     batches=args.batches or 60, rounds=args.rounds or 3, progress=not args.no_progress)
+    batch_size = args.batch_size or (8192 if args.pipeline == "criteo" else 64)
+    return _warmed(lambda: bench_mix(
+        parts, single=pipeline_spec(args.pipeline, args.data, args.output) if args.data else None,
+        placement=args.placement, batch_size=batch_size, batches=args.batches or 60, rounds=args.rounds or 3,
+        progress=not args.no_progress),
+        args.pipeline, [path for _, path, _ in args.mix] + ([args.data] if args.data else []),
+        batch_size=batch_size, placement=args.placement)
 
 
 def _criteo_baseline(parser: argparse.ArgumentParser, args) -> dict:
@@ -156,5 +152,19 @@ def _placements(args) -> dict:
     if args.pipeline in IMAGE_PIPELINES:
         default = ("dali-default", dali_default_image_loader(args.data, train=args.pipeline == "image-train",
                                                              size=224, output=args.output, batch_size=batch_size))
-    return bench_placements(spec, batch_size=batch_size, batches=args.batches or 20, rounds=args.rounds or 3,
-                            default=default, progress=not args.no_progress)
+    # the auto Loader's profile and run, and the static CPU placements: what a Loader placed "auto" reads
+    return _warmed(lambda: bench_placements(spec, batch_size=batch_size, batches=args.batches or 20,
+                                            rounds=args.rounds or 3, default=default, progress=not args.no_progress),
+                   args.pipeline, args.data, batch_size=batch_size, placement="auto")
+
+
+def _warmed(bench, pipeline: str, data, *, batch_size: int, placement: str, count_compiles: bool = True) -> dict:
+    """``bench()`` after, for criteo, the numba kernels its Loaders (last batch dropped, the table cache kept or
+    not) run over ``data`` (one path or several) are compiled in a process of their own; image pipelines run
+    no numba kernels."""
+    if pipeline != "criteo":
+        return bench()
+    from ..benchmarks import kernel_warmup
+    return kernel_warmup.warmed_run(bench, data, ("loader_cache_on", "loader_cache_off"), batch_size=batch_size,
+                                    table_size=None, placement=placement, last_batch="drop",
+                                    count_compiles=count_compiles)

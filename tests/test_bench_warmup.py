@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from feedline.benchmarks import criteo_bench, kernel_warmup, numba_compiles
+from feedline.benchmarks import criteo_bench, kernel_warmup, mix_bench, numba_compiles, placement_bench, remote_bench
+from feedline.cli.command import main
 from feedline.datagen.synthetic_criteo import make_criteo
 
 
@@ -20,6 +21,13 @@ from feedline.datagen.synthetic_criteo import make_criteo
 def tsv(tmp_path_factory):
     path = tmp_path_factory.mktemp("warmup") / "day.tsv"
     make_criteo(path, 3000, seed=0)
+    return path
+
+
+@pytest.fixture(scope="module")
+def other_tsv(tmp_path_factory):
+    path = tmp_path_factory.mktemp("warmup") / "other.tsv"
+    make_criteo(path, 2000, seed=1)
     return path
 
 
@@ -122,3 +130,111 @@ def test_a_script_without_a_main_guard_is_told_what_to_do(tsv, tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode != 0
     assert "BrokenProcessPool" in done.stderr and 'if __name__ == "__main__":' in done.stderr
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """The warm-up and the placement and mix benches replaced by recorders (in the order they ran); the fake bench
+    compiles a numba function of feedline's namespace, as a compile left inside the timing would."""
+    numba = pytest.importorskip("numba")
+    events = []
+
+    def warm(path, readers, **kw):
+        events.append(("warm", path, readers, kw.get("placement", "cpu"), kw.get("last_batch", "partial"),
+                       kw["batch_size"]))
+        return {"kernel_compile_s": 1.5, "kernels_compiled": 7, "kernel_warmup_s": 2.0,
+                "kernel_warmup_readers": list(readers)}
+
+    def bench(name):
+        def timed(*args, **kw):
+            events.append((name,))
+            kernel_warmup._probe = numba.njit(lambda x: x + 2)
+            kernel_warmup._probe(1)
+            return {"pipeline": name}
+        return timed
+
+    monkeypatch.setattr(kernel_warmup, "warm_kernels", warm)
+    monkeypatch.setattr(placement_bench, "bench_placements", bench("placements"))
+    monkeypatch.setattr(mix_bench, "bench_mix", bench("mix"))
+    monkeypatch.setattr(remote_bench, "bench_remote", bench("remote"))
+    yield events
+    vars(kernel_warmup).pop("_probe", None)
+
+
+def _bench_json(tmp_path, *args) -> dict:
+    out = tmp_path / "bench.json"
+    assert main(["bench", *args, "--batch-size", "64", "--no-progress", "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def _warmed_keys(result: dict) -> None:
+    assert {k: result[k] for k in ("kernel_compile_s", "kernels_compiled", "kernel_warmup_s")} == {
+        "kernel_compile_s": 1.5, "kernels_compiled": 7, "kernel_warmup_s": 2.0}
+    assert result["kernel_warmup_readers"] == ["loader_cache_on", "loader_cache_off"]
+    assert result["kernels_compiled_in_timing"] == 1  # the bench's own compile, counted in its process
+    assert [n for n in result["notes"] if n.startswith("kernel warm-up: ")]
+
+
+def test_placement_auto_warms_what_the_auto_loader_reads_before_its_clock_starts(recorded, tsv, tmp_path):
+    result = _bench_json(tmp_path, "--pipeline", "criteo", "--data", str(tsv), "--placement", "auto")
+    assert recorded == [("warm", str(tsv), ("loader_cache_on", "loader_cache_off"), "auto", "drop", 64),
+                        ("placements",)]
+    _warmed_keys(result)
+
+
+def test_a_criteo_mix_warms_each_of_its_tables_and_its_single_source_first(recorded, tsv, other_tsv, tmp_path):
+    result = _bench_json(tmp_path, "--pipeline", "criteo", "--mix", f"a={tsv}", f"b={other_tsv}:2", "--data",
+                         str(tsv))
+    assert recorded == [("warm", [str(tsv), str(other_tsv), str(tsv)], ("loader_cache_on", "loader_cache_off"),
+                         "cpu", "drop", 64), ("mix",)]
+    _warmed_keys(result)
+
+
+def test_remote_workers_warm_the_local_loaders_and_leave_the_workers_compiles_uncounted(recorded, tsv, tmp_path):
+    result = _bench_json(tmp_path, "--pipeline", "criteo", "--data", str(tsv), "--remote-workers", "1")
+    assert recorded == [("warm", str(tsv), ("loader_cache_on", "loader_cache_off"), "cpu", "drop", 64),
+                        ("remote",)]
+    assert "kernels_compiled_in_timing" not in result and result["kernels_compiled"] == 7
+    assert [n for n in result["notes"] if "remote workers' compiles are not counted" in n]
+
+
+def test_an_image_mix_runs_no_warm_up(recorded, tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    result = _bench_json(tmp_path, "--pipeline", "image-train", "--mix", f"a={tmp_path / 'a'}", f"b={tmp_path / 'b'}")
+    assert recorded == [("mix",)] and result == {"pipeline": "mix"}
+
+
+def test_a_bad_row_met_in_the_warm_up_names_the_users_file_and_line(tsv, tmp_path, capsys):
+    lines = tsv.read_bytes().splitlines(keepends=True)
+    bad = tmp_path / "bad.tsv"
+    bad.write_bytes(b"".join(lines[:50]) + b"1\t2\t3\n" + b"".join(lines[50:70]))
+    assert main(["bench", "--pipeline", "criteo", "--mix", f"a={tsv}", f"b={bad}", "--batch-size", "64",
+                 "--batches", "2", "--rounds", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "the kernel warm-up" in err and f"RowError: {bad}:51: expected 40 tab-separated fields, found 3" in err
+    assert "feedline-kernel-warmup-" not in err  # not the sample's temporary path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["auto", "mix"])
+def test_on_a_fresh_cache_placement_auto_and_a_mix_compile_nothing_in_their_timing(command, tsv, other_tsv,
+                                                                                   tmp_path):
+    """A new install's first `feedline bench --placement auto` (the auto Loader's profile and run, the static
+    placements) and `--mix` (each source's own runner): the warm-up fills an empty numba cache with every kernel
+    their timed process runs."""
+    cache = tmp_path / "numba-cache"
+    cache.mkdir()
+    out = tmp_path / "bench.json"
+    what = (["--data", str(tsv), "--placement", "auto", "--batches", "4", "--rounds", "2"] if command == "auto" else
+            ["--mix", f"a={tsv}", f"b={other_tsv}:2", "--batches", "4", "--rounds", "1"])
+    # the placement bench's rounds with no pause before each turn (up to 8 rounds of 3 contenders: 24 s of pauses)
+    command_line = ("import sys; from feedline.benchmarks import placement_bench; placement_bench.SETTLE_S = 0.0; "
+                    "from feedline.cli.command import main; sys.exit(main(sys.argv[1:]))")
+    subprocess.run([sys.executable, "-c", command_line, "bench", "--pipeline", "criteo", *what, "--batch-size", "256",
+                    "--no-progress", "--json", str(out)], env={**os.environ, "NUMBA_CACHE_DIR": str(cache)},
+                   check=True, capture_output=True, cwd=tmp_path)
+    result = json.loads(out.read_text())
+    assert result["kernels_compiled"] > 10 and result["kernel_compile_s"] > 0
+    assert result["kernels_compiled_in_timing"] == 0
+    assert result["kernel_warmup_readers"] == ["loader_cache_on", "loader_cache_off"]
