@@ -170,23 +170,31 @@ class Windows:
         raise AssertionError("unreachable: the last segment is endless")
 
     def sources_at(self, epoch: int, places: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For global places of ``epoch``: the source of each, and its number among its source's places."""
+        """For global places of ``epoch``: the source of each, and its number among its source's places. Per
+        segment, its windows' slots stacked and read in one pass (a batch spans several windows: a pass, masks and
+        a count each made an 8192-place plan in 1.1-1.2 ms, 0.95-1.05 ms so): window ``k`` of a segment starts
+        after ``k * counts`` places of each source in it."""
         segments = self.segments(epoch)
         starts = np.array([s for s, _ in segments], dtype=np.int64)
         which = np.searchsorted(starts, places, side="right") - 1
         window, offset = np.divmod(places - starts[which], self.window)
         source = np.empty(places.size, dtype=np.int64)
         nth = np.empty(places.size, dtype=np.int64)
-        span = int(window.max(initial=0)) + 1
-        for pair in np.unique(which * span + window).tolist():
-            j, k = divmod(pair, span)
+        for j in (np.unique(which).tolist() if len(segments) > 1 else [0]):
             start, counts = segments[j]
-            mask = (which == j) & (window == k)
-            slots, before = self.slots(epoch, start, k, counts)
-            base = self.count_before(epoch, start + k * self.window)
-            s = slots[offset[mask]]
-            source[mask] = s
-            nth[mask] = base[s] + before[offset[mask]]
+            at = slice(None) if len(segments) == 1 else which == j
+            windows = window[at]
+            if not windows.size:
+                continue
+            low = int(windows.min())
+            present = np.bincount(windows - low) > 0  # (the windows met: np.unique's hash took 0.1 ms a batch)
+            stacked = [self.slots(epoch, start, k, counts) for k in (np.flatnonzero(present) + low).tolist()]
+            row = (np.cumsum(present) - 1)[windows - low]
+            column = offset[at]
+            s = np.stack([slots for slots, _ in stacked])[row, column]
+            source[at] = s
+            nth[at] = (self.count_before(epoch, start)[s] + windows * np.asarray(counts, dtype=np.int64)[s]
+                       + np.stack([before for _, before in stacked])[row, column])
         return source, nth
 
 

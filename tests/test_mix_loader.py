@@ -212,3 +212,20 @@ def test_a_mix_saved_on_two_ranks_resumes_on_three_with_every_place_once(folders
         got += [i for b in batches for i in b["index"][b["valid"]].tolist()]
         again.close()
     assert len(set(counts)) == 1 and sorted(got) == expected
+
+
+def test_a_bad_row_of_a_table_source_is_raised_naming_that_source(tmp_path):
+    _write_table(tmp_path / "t1.tsv", 23, 1)
+    _write_table(tmp_path / "t2.tsv", 9, 2)
+    with open(tmp_path / "t2.tsv", "a") as f:
+        f.write("1\tnot a number\t3\t\n")
+    one, two = _tables(tmp_path)
+    loader = Loader(mix({"one": one, "two": two}, {"one": 0.5, "two": 0.5}, window=6), batch_size=7,
+                    placement="cpu", device="cpu", shuffle_buffer=8)
+    with pytest.raises(Exception) as raised:
+        for _ in range(2):
+            for _ in loader:
+                pass
+    loader.close()
+    assert "t2.tsv:10" in str(raised.value)
+    assert any("making a batch of the mix's source 'two'" in note for note in raised.value.__notes__)
