@@ -60,6 +60,8 @@ class _PartStream:
         for e in range(int(epochs[0]), int(epochs[-1]) + 1) if taken.size else ():
             mask = epochs == e
             at = places[mask]
+            if not at.size:  # (an own epoch skipped: a padded batch's repeated first places lie epochs back)
+                continue
             if self.table is None:
                 out[mask] = self._order(e)[at]
             else:

@@ -229,3 +229,23 @@ def test_a_bad_row_of_a_table_source_is_raised_naming_that_source(tmp_path):
     loader.close()
     assert "t2.tsv:10" in str(raised.value)
     assert any("making a batch of the mix's source 'two'" in note for note in raised.value.__notes__)
+
+
+def test_a_padded_last_batch_of_a_table_mix_wraps_past_the_sources_own_epochs(tmp_path):
+    # ends="all": the small share's table sets the epoch's length while the large share's runs through several of
+    # its own epochs; the padding repeats the epoch's first places, whose stream places lie own epochs back
+    _write_table(tmp_path / "t1.tsv", 23, 1)
+    _write_table(tmp_path / "t2.tsv", 9, 2)
+    one, two = _tables(tmp_path)
+    loader = Loader(mix({"one": one, "two": two}, {"one": 1, "two": 4}, window=5, ends="all"), batch_size=10,
+                    placement="cpu", device="cpu", shuffle_buffer=8, last_batch="pad", seed=2)
+    length = loader.sampler.length(0)  # 113: the last batch's 3 places, then 7 repeated from the epoch's start
+    batches = [{k: v.numpy() for k, v in b.items() if k != "sparse"} for b in loader]
+    loader.close()
+    assert all(len(b["index"]) == 10 for b in batches) and len(batches) == -(-length // 10)
+    valid = np.concatenate([b["valid"] for b in batches])
+    assert valid.sum() == length and not valid[length:].any()
+    index, source = (np.concatenate([b[k] for b in batches]) for k in ("index", "source"))
+    first = loader.sampler.positions(0, 0, valid.size - length)
+    assert np.array_equal(index[length:], first[0]) and np.array_equal(source[length:], first[2])
+    assert set(index[:length][source[:length] == 0].tolist()) == set(range(23))  # its own epoch, whole
