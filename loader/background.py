@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from . import latency
+from .exit_joins import join_all, join_at_exit
 from .wake_pipe import WakePipe
 
 THREAD_NAME = "feedline-batches"
@@ -132,6 +133,7 @@ class BackgroundStream:
         _live.add(self)
         _last_at_exit()
         self._thread.start()
+        join_at_exit([self._thread])  # (at exit, once every open stream is closed: it ends on its own then)
 
     # ---- the stream's thread ------------------------------------------------------------------
     def _run(self, make: Callable[[], Iterator]) -> None:
@@ -263,9 +265,15 @@ def _tensors(value: Any):
 
 
 def _close_all() -> None:
-    """No batch thread outlives the interpreter's last Python code: each is stopped and joined at exit."""
+    """No batch thread outlives the interpreter's last Python code: each is stopped and joined at exit, and so is
+    every thread still ending (a dropped stream's, a pool's), see :mod:`.exit_joins`."""
     for stream in list(_live):
         stream.close()
+    left = join_all(_JOIN_S)
+    if left:
+        warnings.warn(f"feedline: {len(left)} thread(s) did not end within {_JOIN_S:.0f} s at exit "
+                      f"({', '.join(t.name for t in left)}); the interpreter may abort as it finalises",
+                      RuntimeWarning, stacklevel=2)
 
 
 def _done_in_child() -> None:

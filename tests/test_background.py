@@ -167,6 +167,35 @@ def test_closing_or_dropping_a_loader_stops_its_thread(image_dir, tmp_path):
         wait_for(lambda: len(batch_threads()) == before, "the dropped loader's thread ended")
 
 
+class _SlowToFree:
+    """Stands for a batch whose tensors take a while to free (torch lets go of the GIL while it frees them)."""
+
+    def __del__(self):
+        time.sleep(0.5)
+
+
+def test_the_exit_hook_joins_a_thread_still_freeing_its_dropped_streams_batches():
+    import weakref
+
+    from feedline.loader import background
+
+    go = threading.Event()
+
+    def batches():
+        go.wait(30)
+        yield from ()
+
+    stream = BackgroundStream(batches, 2)
+    stream.held = _SlowToFree()  # freed with the stream, on its thread, after the stream left the open ones
+    thread, gone = stream._thread, weakref.ref(stream)
+    del stream  # dropped, never closed: its thread ends on its own and frees it as it ends
+    go.set()
+    wait_for(lambda: gone() is None, "the dropped stream was freed")
+    assert thread.is_alive()  # still freeing what the stream held
+    background._close_all()  # what runs at exit: it must not return while the thread still runs Python
+    assert not thread.is_alive()
+
+
 def test_the_interpreter_exits_cleanly_with_a_loader_mid_epoch(image_dir):
     script = (f"from feedline.loader import Loader\nfrom feedline.pipelines import image\n"
               f"loader = Loader(image.train({str(image_dir)!r}, size=48), batch_size=4, placement='cpu')\n"

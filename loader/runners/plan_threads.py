@@ -22,6 +22,7 @@ from collections import deque
 from typing import Any, Callable, Iterator
 
 from ..sampler import BatchPlan
+from ..exit_joins import join_at_exit
 from ..wake_pipe import WakePipe
 
 THREAD_PREFIX = "feedline-features"
@@ -107,6 +108,7 @@ class _Pool:
     def shutdown(self, wait: bool) -> None:
         for _ in self._threads:
             self._tasks.put(None)
+        join_at_exit(self._threads)  # (each ends after its task in hand)
         if wait:
             for thread in self._threads:
                 thread.join()
